@@ -1,0 +1,42 @@
+# `make demo` runs the main job, `make test` the test suite. Both create .venv when missing and
+# reinstall only when pyproject.toml or constraints.txt changed since the last install.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export HF_HUB_DISABLE_PROGRESS_BARS := 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+export RAY_AUTH_MODE := disabled
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: demo test test-fast lint format bench clean install
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not ray"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) bench/kv_cache_manager.py
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

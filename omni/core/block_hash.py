@@ -1,0 +1,118 @@
+"""Chained block hashes over full blocks: hash(parent hash, block token ids, extra keys).
+
+Hashes are bytes computed from a compact, fixed byte encoding, so they are identical across
+processes and runs (nothing depends on Python's `hash()` or PYTHONHASHSEED).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from array import array
+from collections.abc import Callable
+
+import xxhash
+
+from omni.core.request import Request
+
+BlockHash = bytes
+ExtraKeys = tuple
+
+# Parent of the first block of every sequence. Fixed forever: changing it invalidates nothing
+# in memory but would make hashes differ from earlier runs.
+ROOT_PARENT_HASH: BlockHash = b"omni.prefix.root"
+
+
+def _xxh3_128(data: bytes) -> BlockHash:
+    return xxhash.xxh3_128_digest(data)
+
+
+def _sha256(data: bytes) -> BlockHash:
+    return hashlib.sha256(data).digest()
+
+
+HASH_FUNCTIONS: dict[str, Callable[[bytes], BlockHash]] = {"xxhash": _xxh3_128, "sha256": _sha256}
+
+
+def get_hash_function(hash_algo: str) -> Callable[[bytes], BlockHash]:
+    try:
+        return HASH_FUNCTIONS[hash_algo]
+    except KeyError:
+        raise ValueError(
+            f"hash_algo must be one of {sorted(HASH_FUNCTIONS)}, got {hash_algo!r}"
+        ) from None
+
+
+def block_extra_keys(request: Request, block_index: int, block_size: int) -> ExtraKeys:
+    """What besides token ids makes the block's KV unique.
+
+    Every multimodal input overlapping the block as (identifier, its offset relative to the block
+    start); the LoRA id on every block; the cache salt on the first block only (the chain carries it
+    to all later blocks).
+    """
+    start = block_index * block_size
+    end = start + block_size
+    keys: list = []
+    for item in request.mm_inputs:  # sorted by offset
+        if item.offset >= end:
+            break
+        if item.offset + item.length > start:
+            keys.append(("mm", item.identifier, item.offset - start))
+    if request.lora_id is not None:
+        keys.append(("lora", request.lora_id))
+    if block_index == 0 and request.cache_salt is not None:
+        keys.append(("salt", request.cache_salt))
+    return tuple(keys)
+
+
+def encode_extra_keys(extra_keys: ExtraKeys) -> bytes:
+    """Length-prefixed encoding so that no two different key tuples share bytes."""
+    out = bytearray()
+    for key in extra_keys:
+        for part in key:
+            data = str(part).encode() if not isinstance(part, int) else struct.pack("<q", part)
+            tag = b"i" if isinstance(part, int) else b"s"
+            out += tag + struct.pack("<I", len(data)) + data
+        out += b";"
+    return bytes(out)
+
+
+def hash_block(
+    hash_fn: Callable[[bytes], BlockHash],
+    parent_hash: BlockHash,
+    token_ids: list[int],
+    extra_keys: ExtraKeys = (),
+) -> BlockHash:
+    data = parent_hash + array("i", token_ids).tobytes()
+    if extra_keys:
+        data += b"\xff" + encode_extra_keys(extra_keys)
+    return hash_fn(data)
+
+
+def hash_request_blocks(request: Request, block_size: int, hash_algo: str) -> list[BlockHash]:
+    """Extend the request's memo of block hashes to cover all its full blocks; returns the memo.
+
+    The memo depends only on the request's tokens and keys, which only ever grow, so it is valid
+    until the request's token ids are extended and is extended incrementally.
+    """
+    if request.block_hash_algo != hash_algo:
+        request.block_hashes = []
+        request.block_hash_algo = hash_algo
+    hashes = request.block_hashes
+    num_full_blocks = request.num_tokens // block_size
+    if len(hashes) >= num_full_blocks:
+        return hashes
+    hash_fn = get_hash_function(hash_algo)
+    token_ids = request.all_token_ids
+    has_extras = bool(request.mm_inputs) or request.lora_id is not None
+    parent = hashes[-1] if hashes else ROOT_PARENT_HASH
+    for index in range(len(hashes), num_full_blocks):
+        start = index * block_size
+        extras = (
+            block_extra_keys(request, index, block_size)
+            if has_extras or (index == 0 and request.cache_salt is not None)
+            else ()
+        )
+        parent = hash_block(hash_fn, parent, token_ids[start : start + block_size], extras)
+        hashes.append(parent)
+    return hashes

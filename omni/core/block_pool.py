@@ -1,0 +1,195 @@
+"""The block pool: every KV block preallocated, an O(1) free queue, and the hash -> block map.
+
+Invariants (checked by tests/unit/test_block_pool_properties.py after every operation):
+- a block is free (ref_cnt 0, in the free queue exactly once) or referenced (not in the queue);
+- a block has a hash exactly when it is in the hash map;
+- `version` grows whenever a block loses its content (eviction, reset), so (block_id, version)
+  names one content forever. Output caches and children's parent links rely on that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from omni.core.block_hash import BlockHash, ExtraKeys
+
+
+class Block:
+    __slots__ = (
+        "block_id",
+        "ref_cnt",
+        "block_hash",
+        "token_ids",
+        "extra_keys",
+        "parent",
+        "parent_version",
+        "version",
+        "prev_free",
+        "next_free",
+    )
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: BlockHash | None = None
+        # Exact content of a cached block, for verifying hits beyond the hash value.
+        self.token_ids: list[int] | None = None
+        self.extra_keys: ExtraKeys = ()
+        self.parent: Block | None = None
+        self.parent_version = 0
+        self.version = 0
+        self.prev_free: Block | None = None
+        self.next_free: Block | None = None
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref_cnt={self.ref_cnt}, cached={self.block_hash is not None})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list threaded through the blocks, with sentinels: O(1) everywhere."""
+
+    def __init__(self, blocks: list[Block]) -> None:
+        self._head = Block(-1)
+        self._tail = Block(-2)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self.num_free_blocks = 0
+        for block in blocks:
+            self.append(block)
+
+    def popleft(self) -> Block:
+        block = self._head.next_free
+        if block is self._tail:
+            raise RuntimeError("free queue is empty: allocation was not checked against capacity")
+        self.remove(block)
+        return block
+
+    def append(self, block: Block) -> None:
+        last = self._tail.prev_free
+        last.next_free = block
+        block.prev_free = last
+        block.next_free = self._tail
+        self._tail.prev_free = block
+        self.num_free_blocks += 1
+
+    def remove(self, block: Block) -> None:
+        block.prev_free.next_free = block.next_free
+        block.next_free.prev_free = block.prev_free
+        block.prev_free = block.next_free = None
+        self.num_free_blocks -= 1
+
+    def __iter__(self) -> Iterator[Block]:
+        block = self._head.next_free
+        while block is not self._tail:
+            yield block
+            block = block.next_free
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+
+class BlockPool:
+    """Owns all block ids. Eviction is lazy: a freed cached block keeps its hash until reused."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        # hash -> {block_id: block}; dicts keep insertion order, so the first is the oldest copy.
+        self.cached: dict[BlockHash, dict[int, Block]] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free_blocks
+
+    def lookup(
+        self,
+        block_hash: BlockHash,
+        parent: Block | None,
+        token_ids: list[int],
+        extra_keys: ExtraKeys,
+    ) -> Block | None:
+        """The first cached block with this hash whose content and parent are exactly these.
+
+        Comparing content and the parent's identity (block and version) means that even a full
+        hash collision can only produce a miss, never another prefix's KV.
+        """
+        candidates = self.cached.get(block_hash)
+        if not candidates:
+            return None
+        for block in candidates.values():
+            if (
+                block.parent is parent
+                and (parent is None or block.parent_version == parent.version)
+                and block.token_ids == token_ids
+                and block.extra_keys == extra_keys
+            ):
+                return block
+        return None
+
+    def cache_block(
+        self,
+        block: Block,
+        block_hash: BlockHash,
+        token_ids: list[int],
+        extra_keys: ExtraKeys,
+        parent: Block | None,
+    ) -> None:
+        if block.block_hash is not None:
+            raise RuntimeError(f"block {block.block_id} is already cached")
+        block.block_hash = block_hash
+        block.token_ids = token_ids
+        block.extra_keys = extra_keys
+        block.parent = parent
+        block.parent_version = parent.version if parent is not None else 0
+        self.cached.setdefault(block_hash, {})[block.block_id] = block
+
+    def touch(self, blocks: list[Block]) -> None:
+        """Take a reference on hit blocks; a block nobody held leaves the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+            block.ref_cnt += 1
+
+    def get_new_blocks(self, num_blocks: int) -> list[Block]:
+        if num_blocks > self.num_free_blocks:
+            raise RuntimeError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
+        new_blocks = []
+        for _ in range(num_blocks):
+            block = self.free_queue.popleft()
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_cnt = 1
+            new_blocks.append(block)
+        return new_blocks
+
+    def free_blocks(self, ordered_blocks: list[Block]) -> None:
+        """Drop one reference each; blocks reaching 0 join the tail in the given order."""
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue.append(block)
+
+    def _evict(self, block: Block) -> None:
+        candidates = self.cached[block.block_hash]
+        del candidates[block.block_id]
+        if not candidates:
+            del self.cached[block.block_hash]
+        self._clear(block)
+        self.num_evictions += 1
+
+    def _clear(self, block: Block) -> None:
+        block.block_hash = None
+        block.token_ids = None
+        block.extra_keys = ()
+        block.parent = None
+        block.version += 1
+
+    def reset_prefix_cache(self) -> bool:
+        if self.num_free_blocks != len(self.blocks):
+            return False
+        for block in self.blocks:
+            if block.block_hash is not None:
+                self._clear(block)
+        self.cached.clear()
+        return True

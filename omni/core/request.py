@@ -1,0 +1,140 @@
+"""A request as the bookkeeping core sees it: token ids, multimodal ranges, cache keys, state."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from omni.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class MultiModalInput:
+    """A placeholder range [offset, offset + length) in the prompt, filled by one multimodal item.
+
+    `identifier` is a content hash of the item: two items share it only when they are the same.
+    """
+
+    identifier: str
+    offset: int
+    length: int
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stopped"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "aborted"
+    FINISHED_ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self.value in ("stopped", "length", "aborted", "error")
+
+
+class Request:
+    """One sequence inside one stage. The scheduler owns its mutable state."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        *,
+        mm_inputs: Iterable[MultiModalInput] = (),
+        lora_id: str | None = None,
+        cache_salt: str | None = None,
+        sampling_params: SamplingParams | None = None,
+        eos_token_id: int | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = _check_token_ids(request_id, prompt_token_ids)
+        self.mm_inputs = _check_mm_inputs(request_id, tuple(mm_inputs), len(self.prompt_token_ids))
+        self.lora_id = lora_id
+        self.cache_salt = cache_salt
+        self.sampling_params = sampling_params or SamplingParams()
+        self.eos_token_id = eos_token_id
+        self.output_token_ids: list[int] = []
+        self._all_token_ids = list(self.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prefix-cache hit tokens at first scheduling; -1 = not yet
+        self.status = RequestStatus.WAITING
+        self.num_preemptions = 0
+        # Memo of chained block hashes of the full blocks, filled by block_hash.hash_request_blocks.
+        self.block_hashes: list = []
+        self.block_hash_algo: str | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt followed by the generated tokens (do not mutate; use append_output_token_ids)."""
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        self.output_token_ids.extend(token_ids)
+        self._all_token_ids.extend(token_ids)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
+            f"num_computed_tokens={self.num_computed_tokens}, status={self.status.value})"
+        )
+
+
+def _check_token_ids(request_id: str, token_ids: Sequence[int]) -> list[int]:
+    token_ids = list(token_ids)
+    if not token_ids:
+        raise ValueError(f"request {request_id!r}: prompt_token_ids is empty")
+    for index, token_id in enumerate(token_ids):
+        if type(token_id) is not int:
+            try:  # numpy integers are fine; floats and strings are not
+                if int(token_id) != token_id or isinstance(token_id, (bool, float, str)):
+                    raise TypeError
+                token_ids[index] = token_id = int(token_id)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"request {request_id!r}: prompt_token_ids[{index}] = {token_id!r} is not an integer"
+                ) from None
+        if token_id < 0:
+            raise ValueError(f"request {request_id!r}: prompt_token_ids[{index}] = {token_id} is negative")
+    return token_ids
+
+
+def _check_mm_inputs(
+    request_id: str, mm_inputs: tuple[MultiModalInput, ...], num_prompt_tokens: int
+) -> tuple[MultiModalInput, ...]:
+    ordered = tuple(sorted(mm_inputs, key=lambda item: item.offset))
+    previous_end = 0
+    for item in ordered:
+        if item.length < 1 or item.offset < 0 or item.offset + item.length > num_prompt_tokens:
+            raise ValueError(
+                f"request {request_id!r}: multimodal input {item.identifier!r} range "
+                f"[{item.offset}, {item.offset + item.length}) is outside the prompt of "
+                f"{num_prompt_tokens} tokens"
+            )
+        if item.offset < previous_end:
+            raise ValueError(
+                f"request {request_id!r}: multimodal input {item.identifier!r} at offset "
+                f"{item.offset} overlaps the previous input ending at {previous_end}"
+            )
+        previous_end = item.offset + item.length
+    return ordered
