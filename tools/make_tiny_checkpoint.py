@@ -64,14 +64,22 @@ def build_checkpoint(family: str, size: str, seed: int, out_dir: str | os.PathLi
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Imported lazily: importing this module (e.g. to get a path) must not pull in torch.
-    if family == "qwen2_5_omni":
-        from tools import tiny_omni
+    from transformers.utils import logging as hf_logging
 
-        n = tiny_omni.build_omni(size, seed, out)
-    else:
-        from tools import tiny_lm
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars would clutter test output
+    try:
+        if family == "qwen2_5_omni":
+            from tools import tiny_omni
 
-        n = tiny_lm.build_lm(family, size, seed, out)
+            n = tiny_omni.build_omni(size, seed, out)
+        else:
+            from tools import tiny_lm
+
+            n = tiny_lm.build_lm(family, size, seed, out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     (out / _VERSION_FILE).write_text(BUILD_VERSION + "\n")
     return n
 
@@ -89,6 +97,7 @@ def ensure_checkpoint(family: str, size: str = "tiny", seed: int = 0) -> pathlib
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared
         build_checkpoint(family, size, seed, tmp)
         if final.exists() and not _is_current(final):
             # Stale builder version: move it aside first (rename is atomic), then delete it.

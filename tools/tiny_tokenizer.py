@@ -55,6 +55,40 @@ _SENTENCES = [
     "Prefix caching reuses the key and value blocks of a shared prompt.",
     "Once upon a time there was a small model that could only say a few words.",
 ]
+# Common English words for filler sentences: enough distinct words that BPE can learn ~2k merges.
+_WORDS = (
+    "the of and to in is was that for on are with as his they be at one have this from or had "
+    "by hot word but what some we can out other were all there when up use your how said an each "
+    "she which do their time if will way about many then them write would like so these her long "
+    "make thing see him two has look more day could go come did number sound no most people my "
+    "over know water than call first who may down side been now find any new work part take get "
+    "place made live where after back little only round man year came show every good me give "
+    "our under name very through just form sentence great think say help low line differ turn "
+    "cause much mean before move right boy old too same tell does set three want air well also "
+    "play small end put home read hand port large spell add even land here must big high such "
+    "follow act why ask men change went light kind off need house picture try us again animal "
+    "point mother world near build self earth father head stand own page should country found "
+    "answer school grow study still learn plant cover food sun four between state keep eye never "
+    "last let thought city tree cross farm hard start might story saw far sea draw left late run "
+    "while press close night real life few north open seem together next white children begin "
+    "got walk example ease paper group always music those both mark often letter until mile "
+    "river car feet care second book carry took science eat room friend began idea fish "
+    "mountain stop once base hear horse cut sure watch color face wood main enough plain girl "
+    "usual young ready above ever red list though feel talk bird soon body dog family direct "
+    "pose leave song measure door product black short numeral class wind question happen "
+    "complete ship area half rock order fire south problem piece told knew pass since top whole "
+    "king space heard best hour better during hundred five remember step early hold west ground "
+    "interest reach fast verb sing listen six table travel less morning ten simple several vowel "
+    "toward war lay against pattern slow center love person money serve appear road map rain "
+    "rule govern pull cold notice voice unit power town fine certain fly fall lead cry dark "
+    "machine note wait plan figure star box noun field rest correct able pound done beauty drive "
+    "stood contain front teach week final gave green quick develop ocean warm free minute "
+    "strong special mind behind clear tail produce fact street inch multiply nothing course "
+    "stay wheel full force blue object decide surface deep moon island foot system busy test "
+    "record boat common gold possible plane stead dry wonder laugh thousand ago ran check game "
+    "shape equate miss brought heat snow tire bring yes distant fill east paint language among"
+).split()
+_SYLLABLES = "ka ri to ne sa mo lu vi da pe zo ha ki ra mi no be tu sho gan lin mar el an".split()
 _QUESTIONS = [
     "What is the age of {name}?",
     "Where does {name} live?",
@@ -65,7 +99,7 @@ _QUESTIONS = [
 ]
 
 
-def corpus(num_rows: int = 400, seed: int = 1234) -> list[str]:
+def corpus(num_rows: int = 2000, seed: int = 1234) -> list[str]:
     """Deterministic English-ish training text: tables, questions, answers and sentences."""
     rng = random.Random(seed)  # fixed: the tokenizer must not depend on the weight seed
     lines = list(_SENTENCES)
@@ -87,6 +121,10 @@ def corpus(num_rows: int = 400, seed: int = 1234) -> list[str]:
         lines.append(f"Question: {q}\nAnswer: {name} is {age} years old and lives in {city}.")
         if i % 7 == 0:
             lines.append(rng.choice(_SENTENCES))
+        # Filler prose, plus made-up names from syllables so rarer pairs keep BPE merging.
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(6, 16))]
+        made_up = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 4)))
+        lines.append(" ".join(words).capitalize() + f" near {made_up.capitalize()}.")
     return lines
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from array import array
 from collections.abc import Callable
 
 import xxhash
@@ -77,18 +76,6 @@ def encode_extra_keys(extra_keys: ExtraKeys) -> bytes:
     return bytes(out)
 
 
-def hash_block(
-    hash_fn: Callable[[bytes], BlockHash],
-    parent_hash: BlockHash,
-    token_ids: list[int],
-    extra_keys: ExtraKeys = (),
-) -> BlockHash:
-    data = parent_hash + array("i", token_ids).tobytes()
-    if extra_keys:
-        data += b"\xff" + encode_extra_keys(extra_keys)
-    return hash_fn(data)
-
-
 def hash_request_blocks(request: Request, block_size: int, hash_algo: str) -> list[BlockHash]:
     """Extend the request's memo of block hashes to cover all its full blocks; returns the memo.
 
@@ -103,16 +90,19 @@ def hash_request_blocks(request: Request, block_size: int, hash_algo: str) -> li
     if len(hashes) >= num_full_blocks:
         return hashes
     hash_fn = get_hash_function(hash_algo)
-    token_ids = request.all_token_ids
+    first = len(hashes)
+    # Encode the new blocks' tokens once; each block hashes a slice of this buffer.
+    new_token_ids = request.all_token_ids[first * block_size : num_full_blocks * block_size]
+    token_bytes = struct.pack(f"<{len(new_token_ids)}I", *new_token_ids)
+    width = 4 * block_size
+    salted = request.cache_salt is not None
     has_extras = bool(request.mm_inputs) or request.lora_id is not None
     parent = hashes[-1] if hashes else ROOT_PARENT_HASH
-    for index in range(len(hashes), num_full_blocks):
-        start = index * block_size
-        extras = (
-            block_extra_keys(request, index, block_size)
-            if has_extras or (index == 0 and request.cache_salt is not None)
-            else ()
-        )
-        parent = hash_block(hash_fn, parent, token_ids[start : start + block_size], extras)
+    for index in range(first, num_full_blocks):
+        offset = (index - first) * width
+        data = parent + token_bytes[offset : offset + width]
+        if has_extras or (salted and index == 0):
+            data += b"\xff" + encode_extra_keys(block_extra_keys(request, index, block_size))
+        parent = hash_fn(data)
         hashes.append(parent)
     return hashes

@@ -42,7 +42,9 @@ class Block:
         self.next_free: Block | None = None
 
     def __repr__(self) -> str:
-        return f"Block({self.block_id}, ref_cnt={self.ref_cnt}, cached={self.block_hash is not None})"
+        return (
+            f"Block({self.block_id}, ref_cnt={self.ref_cnt}, cached={self.block_hash is not None})"
+        )
 
 
 class FreeBlockQueue:
@@ -58,11 +60,27 @@ class FreeBlockQueue:
             self.append(block)
 
     def popleft(self) -> Block:
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, num_blocks: int) -> list[Block]:
+        """Unlink the first `num_blocks` blocks in one splice."""
+        if num_blocks > self.num_free_blocks:
+            raise RuntimeError(
+                f"free queue holds {self.num_free_blocks} blocks, asked for {num_blocks}: "
+                "allocation was not checked against capacity"
+            )
+        if num_blocks == 0:
+            return []
+        popped = []
         block = self._head.next_free
-        if block is self._tail:
-            raise RuntimeError("free queue is empty: allocation was not checked against capacity")
-        self.remove(block)
-        return block
+        for _ in range(num_blocks):
+            popped.append(block)
+            block = block.next_free
+            popped[-1].prev_free = popped[-1].next_free = None
+        self._head.next_free = block
+        block.prev_free = self._head
+        self.num_free_blocks -= num_blocks
+        return popped
 
     def append(self, block: Block) -> None:
         last = self._tail.prev_free
@@ -142,7 +160,11 @@ class BlockPool:
         block.extra_keys = extra_keys
         block.parent = parent
         block.parent_version = parent.version if parent is not None else 0
-        self.cached.setdefault(block_hash, {})[block.block_id] = block
+        same_hash = self.cached.get(block_hash)
+        if same_hash is None:
+            self.cached[block_hash] = {block.block_id: block}
+        else:
+            same_hash[block.block_id] = block
 
     def touch(self, blocks: list[Block]) -> None:
         """Take a reference on hit blocks; a block nobody held leaves the free queue."""
@@ -152,23 +174,20 @@ class BlockPool:
             block.ref_cnt += 1
 
     def get_new_blocks(self, num_blocks: int) -> list[Block]:
-        if num_blocks > self.num_free_blocks:
-            raise RuntimeError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
-        new_blocks = []
-        for _ in range(num_blocks):
-            block = self.free_queue.popleft()
+        new_blocks = self.free_queue.popleft_n(num_blocks)
+        for block in new_blocks:
             if block.block_hash is not None:
                 self._evict(block)
             block.ref_cnt = 1
-            new_blocks.append(block)
         return new_blocks
 
     def free_blocks(self, ordered_blocks: list[Block]) -> None:
         """Drop one reference each; blocks reaching 0 join the tail in the given order."""
+        append = self.free_queue.append
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_queue.append(block)
+                append(block)
 
     def _evict(self, block: Block) -> None:
         candidates = self.cached[block.block_hash]

@@ -124,13 +124,21 @@ class KVCacheManager:
         hashes = hash_request_blocks(request, self.block_size, self.hash_algo)
         token_ids = request.all_token_ids
         size = self.block_size
+        has_extras = bool(request.mm_inputs) or request.lora_id is not None
+        salted = request.cache_salt is not None
+        cache_block = self.pool.cache_block
+        parent = req_blocks[num_cached - 1] if num_cached else None
         for index in range(num_cached, num_full):
             block = req_blocks[index]
             if block.block_hash is None:
-                extras = block_extra_keys(request, index, size)
-                parent = req_blocks[index - 1] if index else None
+                extras = (
+                    block_extra_keys(request, index, size)
+                    if has_extras or (salted and index == 0)
+                    else ()
+                )
                 tokens = token_ids[index * size : (index + 1) * size]
-                self.pool.cache_block(block, hashes[index], tokens, extras, parent)
+                cache_block(block, hashes[index], tokens, extras, parent)
+            parent = block
         self._num_cached_blocks[request.request_id] = num_full
 
     def free(self, request: Request) -> None:

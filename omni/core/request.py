@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -104,6 +105,11 @@ def _check_token_ids(request_id: str, token_ids: Sequence[int]) -> list[int]:
     token_ids = list(token_ids)
     if not token_ids:
         raise ValueError(f"request {request_id!r}: prompt_token_ids is empty")
+    try:  # the common case, checked at C speed: unsigned 32-bit integers
+        struct.pack(f"<{len(token_ids)}I", *token_ids)
+        return token_ids
+    except struct.error:
+        pass  # find and name the offending entry below
     for index, token_id in enumerate(token_ids):
         if type(token_id) is not int:
             try:  # numpy integers are fine; floats and strings are not
@@ -116,6 +122,8 @@ def _check_token_ids(request_id: str, token_ids: Sequence[int]) -> list[int]:
                 ) from None
         if token_id < 0:
             raise ValueError(f"request {request_id!r}: prompt_token_ids[{index}] = {token_id} is negative")
+        if token_id >= 2**32:
+            raise ValueError(f"request {request_id!r}: prompt_token_ids[{index}] = {token_id} is too large")
     return token_ids
 
 

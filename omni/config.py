@@ -1,0 +1,308 @@
+"""Stage-config schema (frozen dataclasses) and loading from YAML or an equivalent dict.
+
+Every value is checked when a dataclass is built, so a config that loads is one the runtime can
+trust; `load_config` adds what only the whole file knows (key paths, variables, model paths,
+overrides). Torch-free: `omni validate` imports this without any model code.
+
+Relative `model` paths written in a YAML file resolve against the YAML file's directory (so a
+config can sit next to its checkpoints); a value that starts with a variable (`${MODEL}/talker`)
+and every path in a dict source or an override resolve against the current working directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni.config_validate import (
+    STAGE_NAME,
+    FieldError,
+    build,
+    check_graph,
+    check_types,
+    config_error,
+    load_raw,
+    one_of,
+    read_model_config,
+    require,
+    stage_path,
+    suggest,
+)
+from omni.config_validate import ConfigError as ConfigError  # re-exported: callers catch it
+from omni.config_validate import check_resources as check_resources  # re-exported
+from omni.core.sampling_params import SamplingParams
+from stages.registry import known_adapters, known_input_processors
+
+HASH_ALGOS = ("xxhash", "sha256")
+DTYPES = ("float32", "bfloat16", "float16")
+KINDS = ("ar", "generation")
+BACKENDS = ("ray", "local")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One stage engine: its paged KV cache, scheduler limits and numerics."""
+
+    block_size: int = 16
+    """Tokens per KV cache block (also the prefix-caching granularity)."""
+    num_blocks: int = 1024
+    """KV cache blocks in this stage's pool; bounds the tokens resident at once."""
+    max_num_seqs: int = 32
+    """Most requests running in one step."""
+    max_num_batched_tokens: int = 2048
+    """Most tokens fed in one step; longer prompts are prefilled in chunks."""
+    max_model_len: int = 4096
+    """Longest sequence (prompt + generated tokens) a request may reach."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of identical prompt prefixes across requests."""
+    cache_outputs: bool | None = None
+    """Keep per-token stage outputs beside the KV blocks; null means enable_prefix_caching."""
+    hash_algo: str = "xxhash"
+    """Block hash function: xxhash (fast) or sha256 (collision-proof)."""
+    dtype: str = "float32"
+    """Model weights and activations: float32, bfloat16 or float16."""
+    seed: int = 0
+    """Seed of this stage's generator for requests that bring no seed of their own."""
+    num_threads: int | None = None
+    """Torch threads in this stage; null means from resources.num_cpus."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            require(getattr(self, name) >= 1, self, name, "an integer >= 1")
+        require(self.max_model_len >= 1, self, "max_model_len", "an integer >= 1")
+        require(self.hash_algo in HASH_ALGOS, self, "hash_algo", one_of(HASH_ALGOS))
+        require(self.dtype in DTYPES, self, "dtype", one_of(DTYPES))
+        require(self.seed >= 0, self, "seed", "an integer >= 0")
+        require(self.num_threads is None or self.num_threads >= 1, self, "num_threads", ">= 1")
+        # Cached outputs are found only through prefix hits: without APC they would never be read.
+        ok = not (self.cache_outputs and not self.enable_prefix_caching)
+        require(ok, self, "cache_outputs", "false or null when enable_prefix_caching is false")
+
+    @property
+    def outputs_cached(self) -> bool:
+        """Whether the stage-output cache is on, with the null default resolved."""
+        if self.cache_outputs is None:
+            return self.enable_prefix_caching
+        return self.cache_outputs
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    """What the stage's Ray actor reserves on its node."""
+
+    num_cpus: float = 1.0
+    """CPUs reserved for the actor (fractions allowed, e.g. 0.5 to share a core)."""
+    num_gpus: float = 0.0
+    """GPUs reserved for the actor."""
+    custom: dict[str, float] = field(default_factory=dict)
+    """Ray custom resources, e.g. {node_a: 1} to pin the stage to a labelled node."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.num_cpus >= 0, self, "num_cpus", ">= 0")
+        require(self.num_gpus >= 0, self, "num_gpus", ">= 0")
+        for key, amount in self.custom.items():
+            require(amount >= 0, self, f"custom.{key}", ">= 0", amount)
+            # Ray refuses these as custom resource names; point at the real fields instead.
+            require(key not in ("CPU", "GPU"), self, f"custom.{key}", "num_cpus/num_gpus", amount)
+
+    def as_ray_resources(self) -> dict[str, float]:
+        """Non-zero requests keyed as Ray reports node resources (CPU, GPU, custom names)."""
+        wanted = {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.custom}
+        return {k: v for k, v in wanted.items() if v > 0}
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """One stage of the pipeline: a model in its own actor with its own engine."""
+
+    name: str
+    """Unique stage name; other stages list it in `inputs`, overrides address it."""
+    model: str
+    """Checkpoint directory (HF format, contains config.json)."""
+    kind: str = "ar"
+    """ar (autoregressive, KV cache) or generation (one-shot, e.g. a vocoder)."""
+    adapter: str = "causal_lm"
+    """Registered stage model adapter (stages/registry.py) that loads and runs the model."""
+    inputs: tuple[str, ...] = ()
+    """Upstream stage names; empty for a root stage, which receives the user's prompts."""
+    input_processor: str | None = None
+    """Registered function turning upstream outputs into this stage's input; null for a root."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """KV cache, scheduler and numerics of this stage."""
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    """What this stage's actor reserves."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Default sampling for this stage when a request brings none."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        rule = "letters, digits, _ and - (no dots), not starting with a digit"
+        require(bool(STAGE_NAME.match(self.name)), self, "name", rule)
+        require(bool(self.model), self, "model", "a checkpoint directory")
+        require(self.kind in KINDS, self, "kind", one_of(KINDS))
+        require(self.adapter in known_adapters(), self, "adapter", one_of(known_adapters()))
+        inputs = list(self.inputs)
+        require(self.name not in inputs, self, "inputs", "other stages than itself", inputs)
+        require(len(set(inputs)) == len(inputs), self, "inputs", "without repeats", inputs)
+        if not inputs:
+            require(self.input_processor is None, self, "input_processor", "null for a root stage")
+        else:
+            known = known_input_processors()
+            expected = "set for a stage with inputs, " + (one_of(known) if known else "none known")
+            require(self.input_processor in known, self, "input_processor", expected)
+
+    @property
+    def num_threads(self) -> int:
+        """Torch threads for this stage: engine.num_threads, else the reserved CPUs (at least 1)."""
+        if self.engine.num_threads is not None:
+            return self.engine.num_threads
+        return max(1, int(self.resources.num_cpus))
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Where and how the stage actors run."""
+
+    backend: str = "ray"
+    """ray (one actor per stage; starts a local Ray when none runs) or local (in-process)."""
+    address: str | None = None
+    """An existing Ray cluster, e.g. auto or ray://head:10001; null starts a local one."""
+    num_cpus: int | None = None
+    """CPUs given to a locally started Ray; null lets Ray count them."""
+    request_timeout_s: float = 600.0
+    """Longest wait for any single stage result before the request fails."""
+    log_level: str = "INFO"
+    """Logging level of the driver and the actors: DEBUG, INFO, WARNING, ERROR or CRITICAL."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.backend in BACKENDS, self, "backend", one_of(BACKENDS))
+        require(self.num_cpus is None or self.num_cpus >= 1, self, "num_cpus", ">= 1 or null")
+        require(self.request_timeout_s > 0, self, "request_timeout_s", "> 0")
+        require(self.log_level.upper() in LOG_LEVELS, self, "log_level", one_of(LOG_LEVELS))
+        object.__setattr__(self, "log_level", self.log_level.upper())
+
+
+@dataclass(frozen=True)
+class OmniConfig:
+    """A whole pipeline: a DAG of stages with exactly one final stage, plus the runtime."""
+
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """Where and how the stage actors run."""
+    stages: tuple[StageConfig, ...] = ()
+    """The stages in any order; the edges come from each stage's `inputs`."""
+
+    def __post_init__(self) -> None:
+        try:
+            check_types(self)
+        except FieldError as e:
+            raise config_error(e.field, e.message) from None
+        if not self.stages:
+            raise config_error("stages", "must list at least one stage, got []")
+        names = self.stage_names
+        for name in names:
+            if names.count(name) > 1:
+                raise config_error("stages", f"duplicate stage name {name!r}")
+        check_graph({s.name: s.inputs for s in self.stages})
+
+    def stage(self, name: str) -> StageConfig:
+        """The stage called `name`."""
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise ValueError(f"no stage named {name!r}{suggest(name, self.stage_names)}")
+
+    @property
+    def stage_names(self) -> list[str]:
+        """Stage names in config order."""
+        return [s.name for s in self.stages]
+
+    @property
+    def root_stages(self) -> tuple[StageConfig, ...]:
+        """Stages with no inputs: each receives every user prompt."""
+        return tuple(s for s in self.stages if not s.inputs)
+
+    @property
+    def final_stage(self) -> StageConfig:
+        """The single stage no other stage consumes (load-time checks guarantee exactly one)."""
+        return next(s for s in self.stages if not self.consumers(s.name))
+
+    def consumers(self, name: str) -> tuple[StageConfig, ...]:
+        """Stages that list `name` in their inputs."""
+        return tuple(s for s in self.stages if name in s.inputs)
+
+    def topological_order(self) -> list[str]:
+        """Stage names, every stage after all its inputs; ties keep config order."""
+        order: list[str] = []
+        pending = list(self.stages)
+        while pending:  # no cycles (checked at construction), so some stage is always ready
+            ready = next(s for s in pending if all(i in order for i in s.inputs))
+            order.append(ready.name)
+            pending.remove(ready)
+        return order
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (lists, not tuples) that load_config accepts and yaml.safe_dump writes."""
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def load_config(
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    overrides: Mapping[str, object] | Sequence[str] | None = None,
+    variables: Mapping[str, str] | None = None,
+    *,
+    check_models: bool = True,
+) -> OmniConfig:
+    """An OmniConfig from a YAML file or an equivalent dict, fully validated.
+
+    overrides: {"stages.thinker.engine.num_blocks": 512}, nested dicts ({"runtime": {...}},
+    merged) or CLI strings ["stages.thinker.engine.num_blocks=512"] (values parsed as YAML);
+    stages are addressed by name. variables: for ${NAME} in string values (undefined: error).
+    check_models=False skips the checkpoint directory checks (e.g. validating elsewhere).
+    """
+    raw = load_raw(source, overrides, dict(variables or {}))
+    for key in raw:
+        if key not in ("runtime", "stages"):
+            raise config_error(str(key), f"unknown key{suggest(str(key), ['runtime', 'stages'])}")
+    stages = raw.get("stages")
+    if not isinstance(stages, list):
+        raise config_error("stages", f"must be a list of stages, got {stages!r}")
+    config = OmniConfig(
+        runtime=build(RuntimeConfig, raw.get("runtime"), "runtime"),
+        stages=tuple(build(StageConfig, s, stage_path(i, s)) for i, s in enumerate(stages)),
+    )
+    if check_models:
+        for stage in config.stages:
+            read_model_config(stage.model, f"stages.{stage.name}.model")
+    return config
+
+
+def config_for_model(
+    model_dir: str | os.PathLike[str],
+    overrides: Mapping[str, object] | Sequence[str] | None = None,
+) -> OmniConfig:
+    """A one-stage config (stage `llm`, adapter causal_lm) for a plain HF causal LM directory.
+
+    max_model_len is capped at the checkpoint's max_position_embeddings: longer sequences would
+    run past the positions the model was built for.
+    """
+    model_dir = os.path.abspath(os.path.expanduser(os.fspath(model_dir)))
+    limit = read_model_config(model_dir, "stages.llm.model").get("max_position_embeddings")
+    stage: dict[str, Any] = {"name": "llm", "model": model_dir, "adapter": "causal_lm"}
+    if type(limit) is int and 1 <= limit < EngineConfig().max_model_len:
+        stage["engine"] = {"max_model_len": limit}
+    return load_config({"stages": [stage]}, overrides)

@@ -1,0 +1,377 @@
+"""The machinery behind omni/config.py: typed field checks, dict -> dataclass building with the
+full key path in every error, raw loading (YAML, ${NAME} variables, model paths, overrides), the
+stage graph and resource checks. Torch-free: `omni validate` runs it without any model code.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import functools
+import json
+import math
+import os
+import re
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import yaml
+
+STAGE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # no dots: names are override path parts
+_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_EPS = 1e-6  # fractional resource requests (0.1 * 3) must not fail on rounding
+
+
+class ConfigError(ValueError):
+    """A bad stage config; the message names the stage, the full key path and the bad value."""
+
+
+class FieldError(ValueError):
+    """A bad value in one dataclass field; the loader re-raises it with the full key path."""
+
+    def __init__(self, owner: str, field: str, message: str) -> None:
+        super().__init__(f"{owner}.{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def config_error(path: str, message: str) -> ConfigError:
+    parts = path.split(".")
+    prefix = f"stage {parts[1]!r}: " if len(parts) > 1 and parts[0] == "stages" else ""
+    return ConfigError(f"{prefix}{path}: {message}")
+
+
+def require(ok: bool, owner: object, field: str, expected: str, value: object = None) -> None:
+    """FieldError unless ok; the value shown defaults to the owner's attribute `field`."""
+    if not ok:
+        value = getattr(owner, field) if value is None else value
+        raise FieldError(type(owner).__name__, field, f"must be {expected}, got {value!r}")
+
+
+def one_of(options: Iterable[str]) -> str:
+    return "one of " + ", ".join(repr(o) for o in options)
+
+
+def suggest(key: str, known: Iterable[str]) -> str:
+    known = [str(k) for k in known]
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(known) or 'none'}"
+
+
+# ---- field types ------------------------------------------------------------------------------
+
+
+class _Mismatch(Exception):
+    pass
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    """`value` in the canonical form of `hint` (int -> float, list -> tuple), or _Mismatch."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            try:
+                return _coerce(value, arg)
+            except _Mismatch:
+                pass
+    elif (
+        hint is type(None)
+        and value is None
+        or hint is str
+        and isinstance(value, str)
+        or hint is bool
+        and isinstance(value, bool)
+    ):
+        return value
+    elif isinstance(value, bool):  # a subclass of int, but `num_blocks: true` is never a count
+        pass
+    elif hint is int and isinstance(value, int):
+        return value
+    elif hint is float and isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    elif origin is tuple and isinstance(value, list | tuple):
+        return tuple(_coerce(v, args[0]) for v in value)
+    elif origin is dict and isinstance(value, Mapping):
+        return {_coerce(k, args[0]): _coerce(v, args[1]) for k, v in value.items()}
+    elif dataclasses.is_dataclass(hint) and isinstance(value, hint):
+        return value
+    raise _Mismatch
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is tuple:
+        return f"a list of {_describe(args[0]).split(' ', 1)[1]}s"
+    if origin is dict:
+        return f"a mapping of {_describe(args[0])} to {_describe(args[1])}"
+    names = {bool: "a boolean", int: "an integer", float: "a finite number", str: "a string"}
+    return "null" if hint is type(None) else names.get(hint, f"a {hint.__name__} mapping")
+
+
+def coerce_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` type-checked against `cls`'s annotations; FieldError on the first mismatch."""
+    out = dict(values)
+    for name, value in values.items():
+        try:
+            out[name] = _coerce(value, _hints(cls)[name])
+        except _Mismatch:
+            expected, got = _describe(_hints(cls)[name]), f"{value!r} ({type(value).__name__})"
+            raise FieldError(cls.__name__, name, f"must be {expected}, got {got}") from None
+    return out
+
+
+def check_types(obj: Any) -> None:
+    """For a frozen dataclass's __post_init__: validate and canonicalise every field in place."""
+    current = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    for name, value in coerce_fields(type(obj), current).items():
+        object.__setattr__(obj, name, value)
+
+
+def build(cls: type, data: Any, path: str) -> Any:
+    """`cls` from a mapping; every error names `path` plus the offending key."""
+    data = {} if data is None else data  # an empty YAML section (`engine:`) means all defaults
+    if not isinstance(data, Mapping):
+        raise config_error(path, f"must be a mapping, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in data:
+        if key not in fields:
+            raise config_error(path, f"unknown key {key!r}{suggest(str(key), fields)}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise config_error(f"{path}.{name}", "required key is missing")
+            continue
+        value, hint = data[name], _hints(cls)[name]
+        if dataclasses.is_dataclass(hint) and (value is None or isinstance(value, Mapping)):
+            value = build(hint, value, f"{path}.{name}")
+        kwargs[name] = value
+    try:
+        # Typed here too for classes that do not type-check themselves (SamplingParams).
+        return cls(**coerce_fields(cls, kwargs))
+    except FieldError as e:
+        raise config_error(f"{path}.{e.field}", e.message) from None
+    except ValueError as e:
+        # SamplingParams' own messages read "SamplingParams.top_p must be ..., got 2".
+        match = re.match(rf"{cls.__name__}\.(\w+) (.*)$", str(e), re.S)
+        if match:
+            raise config_error(f"{path}.{match[1]}", match[2]) from None
+        raise config_error(path, str(e)) from None
+
+
+def stage_path(index: int, data: Any) -> str:
+    name = data.get("name") if isinstance(data, Mapping) else None
+    ok = isinstance(name, str) and STAGE_NAME.match(name)
+    return f"stages.{name}" if ok else f"stages[{index}]"
+
+
+# ---- raw loading ------------------------------------------------------------------------------
+
+
+def load_raw(
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    overrides: Mapping[str, object] | Sequence[str] | None,
+    variables: Mapping[str, str],
+) -> dict[str, Any]:
+    """The source as plain data with variables substituted, overrides merged, models absolute."""
+    if isinstance(source, Mapping):
+        raw: Any = copy.deepcopy(dict(source))
+    else:
+        path = os.fspath(source)
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = yaml.safe_load(f)
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path!r}: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        # Literal relative paths in a file belong to the file; ${MODEL}/x gets its base from
+        # the variable, which (like dict sources and overrides) is relative to the cwd.
+        _anchor_models(raw, os.path.dirname(os.path.abspath(path)), skip_variables=True)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a stage config must be a mapping with runtime and stages, got {raw!r}")
+    raw = _substitute(raw, variables, "")
+    for key, value in _parse_overrides(overrides):
+        _merge(raw, key, _substitute(value, variables, key))
+    _anchor_models(raw, os.getcwd())
+    return raw
+
+
+def _substitute(data: Any, variables: Mapping[str, str], path: str) -> Any:
+    """${NAME} replaced in every string; `$${` stands for a literal `${`."""
+    if isinstance(data, str):
+
+        def replace(m: re.Match[str]) -> str:
+            if m[1] is None:
+                return "${"
+            if m[1] not in variables:
+                known = ", ".join(sorted(variables)) or "none"
+                raise config_error(
+                    path, f"undefined variable ${{{m[1]}}} in {data!r}; defined: {known}"
+                )
+            return os.fspath(variables[m[1]])
+
+        return _VAR.sub(replace, data)
+    if isinstance(data, Mapping):
+        return {k: _substitute(v, variables, f"{path}.{k}".lstrip(".")) for k, v in data.items()}
+    if isinstance(data, list):
+        label = (
+            (lambda i, v: stage_path(i, v)) if path == "stages" else (lambda i, v: f"{path}[{i}]")
+        )
+        return [_substitute(v, variables, label(i, v)) for i, v in enumerate(data)]
+    return data
+
+
+def _anchor_models(raw: Any, base_dir: str, *, skip_variables: bool = False) -> None:
+    stages = raw.get("stages") if isinstance(raw, dict) else None
+    for stage in stages if isinstance(stages, list) else ():
+        model = stage.get("model") if isinstance(stage, dict) else None
+        if isinstance(model, str) and model and not (skip_variables and model.startswith("${")):
+            stage["model"] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(model)))
+
+
+def _parse_overrides(overrides: Mapping[str, object] | Sequence[str] | None) -> list[tuple]:
+    if isinstance(overrides, Mapping):
+        return [(str(k), v) for k, v in overrides.items()]
+    pairs = []
+    for item in [overrides] if isinstance(overrides, str) else overrides or ():
+        if not isinstance(item, str) or "=" not in item:
+            example = "stages.thinker.engine.num_blocks=512"
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. {example}")
+        key, _, text = item.partition("=")
+        try:
+            pairs.append((key.strip(), yaml.safe_load(text)))
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: the value is not YAML: {e}") from None
+    return pairs
+
+
+def _merge(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted `key`: mappings merge into what is there, anything else replaces it.
+
+    Under `stages` a path component is a stage name (or a list index).
+    """
+    if isinstance(value, Mapping):
+        for sub_key, sub_value in value.items():
+            _merge(raw, f"{key}.{sub_key}", sub_value)
+        return
+    parts = key.split(".")
+    node: Any = raw
+    for depth, part in enumerate(parts):
+        if not part:
+            raise ConfigError(f"override {key!r}: empty key component")
+        if isinstance(node, list):
+            names = [s.get("name") if isinstance(s, dict) else None for s in node]
+            if part in names:
+                part = names.index(part)
+            elif part.isdigit() and int(part) < len(node):
+                part = int(part)
+            else:
+                raise ConfigError(
+                    f"override {key!r}: no stage named {part!r}{suggest(part, names)}"
+                )
+        elif not isinstance(node, dict):
+            raise ConfigError(f"override {key!r}: {'.'.join(parts[:depth])} is not a mapping")
+        elif depth < len(parts) - 1 and node.get(part) is None:
+            node[part] = {}
+        if depth == len(parts) - 1:
+            node[part] = value
+        node = node[part]
+
+
+def read_model_config(model_dir: str, path: str) -> dict[str, Any]:
+    """The checkpoint's config.json; ConfigError naming `path` when it is missing or unreadable."""
+    if not os.path.isdir(model_dir):
+        raise config_error(path, f"no such checkpoint directory {model_dir!r}")
+    config_json = os.path.join(model_dir, "config.json")
+    try:
+        with open(config_json, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise config_error(
+            path, f"{model_dir!r} has no config.json (not an HF checkpoint)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise config_error(path, f"cannot read {config_json!r}: {e}") from None
+    if not isinstance(data, dict):
+        raise config_error(path, f"{config_json!r} is not a JSON object")
+    return data
+
+
+# ---- the stage graph and resources ------------------------------------------------------------
+
+
+def check_graph(inputs: Mapping[str, Sequence[str]]) -> None:
+    """Dangling inputs, cycles and more than one final stage, in the graph name -> inputs."""
+    for name, upstreams in inputs.items():
+        for upstream in upstreams:
+            if upstream not in inputs:
+                hint = suggest(upstream, inputs)
+                raise config_error(f"stages.{name}.inputs", f"unknown stage {upstream!r}{hint}")
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for upstream in inputs[node]:
+            if state.get(upstream) == "open":
+                # The stack runs against the data flow (consumer first): print it reversed.
+                flow = " -> ".join(reversed([*stack[stack.index(upstream) :], upstream]))
+                raise config_error(f"stages.{upstream}.inputs", f"cycle {flow}")
+            if upstream not in state:
+                visit(upstream)
+        state[stack.pop()] = "done"
+
+    for name in inputs:
+        if name not in state:
+            visit(name)
+    # One sink gives OmniOutput.final a single meaning; with several the pipeline would have to
+    # guess which result the user wants, so such configs are rejected instead.
+    sinks = [n for n in inputs if not any(n in ups for ups in inputs.values())]
+    if len(sinks) > 1:
+        names = ", ".join(repr(n) for n in sinks)
+        raise config_error("stages", f"several final stages (no stage consumes them): {names}")
+
+
+def check_resources(config: Any, nodes: list[dict[str, float]]) -> None:
+    """ValueError unless every stage fits on some node and all stages fit at once.
+
+    nodes: each node's total resources as Ray reports them ({"CPU": 2.0, "node_a": 1.0, ...}).
+    The total matters because every stage actor must be alive at the same time: Ray would leave
+    the last actors pending forever rather than fail.
+    """
+    field = {"CPU": "num_cpus", "GPU": "num_gpus"}
+    totals: dict[str, float] = {}
+    for stage in config.stages:
+        demand = stage.resources.as_ray_resources()
+        for key, amount in demand.items():
+            totals[key] = totals.get(key, 0.0) + amount
+        if any(all(n.get(k, 0.0) + _EPS >= v for k, v in demand.items()) for n in nodes):
+            continue
+        for key, amount in demand.items():
+            best = max((n.get(key, 0.0) for n in nodes), default=0.0)
+            if best + _EPS < amount:
+                where = f"stages.{stage.name}.resources.{field.get(key, 'custom.' + key)}"
+                raise config_error(
+                    where, f"requests {key}={amount:g}, the largest node has {best:g}"
+                )
+        wanted = ", ".join(f"{k}={v:g}" for k, v in demand.items())
+        raise config_error(f"stages.{stage.name}.resources", f"no single node has all of {wanted}")
+    for key, amount in totals.items():
+        have = sum(n.get(key, 0.0) for n in nodes)
+        if have + _EPS < amount:
+            raise ConfigError(
+                f"the stages request {key}={amount:g} in total but the cluster has {key}={have:g};"
+                f" lower resources.{field.get(key, 'custom.' + key)} (fractions like 0.5 are fine)"
+            )
