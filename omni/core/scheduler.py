@@ -1,0 +1,205 @@
+"""Continuous batching with chunked prefill, prefix-cache lookup and preemption by recompute.
+
+Each step: running requests first (decodes and unfinished prefill chunks, oldest first), then
+waiting ones in arrival order, all under a token budget and a sequence cap. When the pool cannot
+hold a running request's next tokens, the most recently admitted running request is preempted:
+its blocks are freed (their cached prefix usually survives) and it waits at the front of the
+queue, to be resumed later by recomputing only what the prefix cache no longer holds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from omni.core.kv_cache_manager import KVCacheManager
+from omni.core.request import Request, RequestStatus
+from omni.core.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+
+
+# Given a request's prefix-hit block ids and the set of blocks whose rows this step will write,
+# how many leading hits may be used (the stage-output cache may refuse stale rows).
+HitFilter = Callable[[list[int], set[int]], int]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        *,
+        hit_filter: HitFilter | None = None,
+    ) -> None:
+        self.config = config
+        self.kv = kv_cache_manager
+        self.block_size = kv_cache_manager.block_size
+        self.hit_filter = hit_filter
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._released_ids: list[str] = []
+        self.num_preemptions = 0
+        self.num_hit_blocks_refused = 0  # prefix hits dropped by hit_filter (recomputed)
+
+    # ---- requests in and out ------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in this stage")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """Abort (or fail) requests between steps; their blocks are freed at once."""
+        finished = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = status
+            finished.append(request)
+            self.release(request)
+        return finished
+
+    def release(self, request: Request) -> None:
+        """Free a finished request's blocks and forget it."""
+        self.kv.free(request)
+        self.requests.pop(request.request_id, None)
+        self._released_ids.append(request.request_id)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ---------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        pending_rows: set[int] = set()  # blocks whose output rows this step's forward writes
+
+        # Running requests, oldest first; preempt from the back when blocks run out.
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while (new_block_ids := self.kv.allocate_slots(request, num_new)) is None:
+                victim = self.running.pop()
+                self._preempt(victim)
+                if victim is request:
+                    break
+            if new_block_ids is None:
+                break  # the request preempted itself; everything after it was preempted too
+            scheduled.append(self._entry(request, num_new, new_block_ids, is_new=False))
+            self._note_pending(request, num_new, pending_rows)
+            budget -= num_new
+            index += 1
+
+        # Waiting requests in order; stop at the first that does not fit (no overtaking).
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            hit_ids, num_hit_tokens = self.kv.get_computed_blocks(request)
+            num_refused = 0
+            if hit_ids and self.hit_filter is not None:
+                num_usable = self.hit_filter(hit_ids, pending_rows)
+                num_refused = len(hit_ids) - num_usable
+                hit_ids = hit_ids[:num_usable]
+                num_hit_tokens = num_usable * self.block_size
+            num_new = min(request.num_tokens - num_hit_tokens, budget)
+            new_block_ids = self.kv.allocate_slots(request, num_new, num_hit_tokens, hit_ids)
+            if new_block_ids is None:
+                break
+            self.waiting.popleft()
+            self.num_hit_blocks_refused += num_refused
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            request.num_computed_tokens = num_hit_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled.append(self._entry(request, num_new, hit_ids + new_block_ids, is_new=True))
+            self._note_pending(request, num_new, pending_rows)
+            budget -= num_new
+
+        released, self._released_ids = self._released_ids, []
+        return SchedulerOutput(
+            scheduled=scheduled,
+            num_batched_tokens=self.config.max_num_batched_tokens - budget,
+            released_request_ids=released,
+        )
+
+    def _entry(self, request: Request, num_new: int, block_ids: list[int], *, is_new: bool) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        return ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=request.all_token_ids[start : start + num_new],
+            num_computed_tokens=start,
+            new_block_ids=block_ids,
+            is_new=is_new,
+            sample=start + num_new == request.num_tokens,
+            sampling_params=request.sampling_params if is_new else None,
+            mm_inputs=request.mm_inputs if is_new else (),
+            num_output_tokens=request.num_output_tokens,
+        )
+
+    def _note_pending(self, request: Request, num_new: int, pending_rows: set[int]) -> None:
+        if self.hit_filter is None:
+            return
+        first = request.num_computed_tokens // self.block_size
+        last = (request.num_computed_tokens + num_new) // self.block_size
+        if last > first:
+            pending_rows.update(self.kv.get_block_ids(request.request_id)[first:last])
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self._released_ids.append(request.request_id)
+
+    # ---- results ------------------------------------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[Request]:
+        """Advance computed tokens, append sampled tokens, and return the requests that finished.
+
+        Finished requests still hold their blocks (so their cached rows can be gathered); the
+        caller hands each to `release`.
+        """
+        finished: list[Request] = []
+        for entry in scheduler_output.scheduled:
+            request = self.requests.get(entry.request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue
+            request.num_computed_tokens += len(entry.token_ids)
+            token_id = runner_output.sampled_token_ids.get(entry.request_id)
+            if token_id is None:
+                continue
+            request.append_output_token_ids(token_id)
+            status = self._stop_status(request, token_id)
+            if status is not None:
+                request.status = status
+                self.running.remove(request)
+                finished.append(request)
+        return finished
+
+    def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if not params.ignore_eos and token_id == request.eos_token_id:
+            return RequestStatus.FINISHED_STOPPED
+        if token_id in params.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None

@@ -1,0 +1,51 @@
+"""Typed messages between the scheduler, the model runner and the engine (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omni.core.request import MultiModalInput
+from omni.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step: which tokens to feed and where their KV goes."""
+
+    request_id: str
+    token_ids: list[int]
+    """The tokens fed this step (a prefill chunk, or the last sampled token in decode)."""
+    num_computed_tokens: int
+    """Tokens already in the KV cache before this step (prefix hits included): the position of
+    the first fed token."""
+    new_block_ids: list[int]
+    """Blocks appended to the request's block table this step."""
+    is_new: bool
+    """First step since admission or resumption after preemption: the runner starts a fresh
+    block table from `new_block_ids` (which then include the prefix-hit blocks)."""
+    sample: bool
+    """The chunk reaches the end of the known tokens, so a token is sampled after it."""
+    sampling_params: SamplingParams | None = None
+    """Set when is_new."""
+    mm_inputs: tuple[MultiModalInput, ...] = ()
+    """Set when is_new: the request's multimodal ranges, for the stage adapter."""
+    num_output_tokens: int = 0
+    """Tokens generated so far (seeded sampling draws its n-th token from seed and n)."""
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    num_batched_tokens: int
+    released_request_ids: list[str] = field(default_factory=list)
+    """Requests finished, aborted or preempted since the last step: the runner drops their state."""
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    sampled_token_ids: dict[str, int]
+    """request_id -> the token sampled this step, for requests whose chunk had `sample`."""

@@ -1,0 +1,180 @@
+"""StageEngine: one stage's model with its scheduler, KV cache, output cache and runner.
+
+`step()` is schedule -> execute -> update. The engine holds nothing a thin actor wrapper could
+not carry: requests go in as StageInput, results come out as StageResult.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from omni.config import StageConfig
+from omni.core.kv_cache_manager import KVCacheManager
+from omni.core.request import Request, RequestStatus
+from omni.core.scheduler import Scheduler, SchedulerConfig
+from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
+from omni.outputs import StageInput, StageResult
+from omni.runtime.model_runner import ModelRunner
+from omni.runtime.output_cache import OutputCache
+from omni.runtime.stage_model import StageModel
+from stages.registry import get_adapter
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class StageEngine:
+    def __init__(self, config: StageConfig, *, model: StageModel | None = None) -> None:
+        self.config = config
+        self.name = config.name
+        engine = config.engine
+        dtype = DTYPES[engine.dtype]
+        self.model = model or get_adapter(config.adapter)(config.model, dtype=dtype)
+        self.block_size = engine.block_size
+        self.kv = KVCacheManager(
+            engine.num_blocks,
+            engine.block_size,
+            enable_caching=engine.enable_prefix_caching,
+            hash_algo=engine.hash_algo,
+        )
+        self.output_cache = OutputCache(engine.num_blocks, engine.block_size, dtype)
+        self.output_cache.allocate("hidden_states", (self.model.hidden_size,))
+        self.scheduler = Scheduler(
+            SchedulerConfig(engine.max_num_seqs, engine.max_num_batched_tokens, engine.max_model_len),
+            self.kv,
+            hit_filter=self._usable_hits if engine.enable_prefix_caching else None,
+        )
+        self.runner = ModelRunner(
+            self.model,
+            num_blocks=engine.num_blocks,
+            block_size=engine.block_size,
+            output_cache=self.output_cache,
+            seed=engine.seed,
+        )
+        self.num_steps = 0
+        self._arrival: dict[str, float] = {}
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add_request(self, stage_input: StageInput) -> None:
+        """Validate and queue; a ValueError here leaves the engine and other requests untouched."""
+        request = Request(
+            stage_input.request_id,
+            stage_input.prompt_token_ids,
+            mm_inputs=stage_input.mm_inputs,
+            cache_salt=stage_input.cache_salt,
+            sampling_params=stage_input.sampling_params,
+            eos_token_id=self.model.eos_token_id,
+        )
+        self._validate(request)
+        if stage_input.extras:
+            self.runner.add_request_extras(request.request_id, stage_input.extras)
+        self.scheduler.add_request(request)
+        self._arrival[request.request_id] = time.perf_counter()
+
+    def _validate(self, request: Request) -> None:
+        engine = self.config.engine
+        rid = request.request_id
+        if request.num_prompt_tokens > engine.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
+                f"max_model_len={engine.max_model_len}"
+            )
+        bad = [t for t in request.prompt_token_ids if t >= self.model.vocab_size]
+        if bad:
+            raise ValueError(
+                f"request {rid!r}: token id {bad[0]} is outside the vocabulary of "
+                f"{self.model.vocab_size} (stage {self.name!r})"
+            )
+        longest = min(engine.max_model_len, request.num_prompt_tokens + request.sampling_params.max_tokens)
+        num_blocks_needed = -(-longest // engine.block_size)
+        if num_blocks_needed > engine.num_blocks:
+            raise ValueError(
+                f"request {rid!r}: up to {longest} tokens need {num_blocks_needed} blocks, but "
+                f"stage {self.name!r} has num_blocks={engine.num_blocks}"
+            )
+        if rid in self.scheduler.requests:
+            raise ValueError(f"request_id {rid!r} is already in stage {self.name!r}")
+
+    def abort(self, request_ids: list[str]) -> list[StageResult]:
+        finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        return [self._result(request, tensors={}) for request in finished]
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def step(self) -> list[StageResult]:
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.runner.execute(scheduler_output)
+        return self.update(scheduler_output, runner_output)
+
+    def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[StageResult]:
+        self.num_steps += 1
+        self._mark_rows_complete(scheduler_output)
+        finished = self.scheduler.update_from_output(scheduler_output, runner_output)
+        results = []
+        for request in finished:
+            results.append(self._result(request, tensors=self._gather(request)))
+            self.scheduler.release(request)
+        return results
+
+    def run_until_done(self, max_steps: int = 1_000_000) -> list[StageResult]:
+        """Step until every queued request finished (local use and tests)."""
+        results: list[StageResult] = []
+        for _ in range(max_steps):
+            if not self.has_unfinished:
+                return results
+            results.extend(self.step())
+        raise RuntimeError(f"stage {self.name!r}: not done after {max_steps} steps")
+
+    # ---- output rows --------------------------------------------------------------------------
+    def _usable_hits(self, hit_block_ids: list[int], pending: set[int]) -> int:
+        if not self.config.engine.outputs_cached:
+            return 0  # rows are never served across requests: recompute the prefix
+        versions = [self.kv.block_version(b) for b in hit_block_ids]
+        return self.output_cache.num_valid_prefix(hit_block_ids, versions, pending)
+
+    def _mark_rows_complete(self, scheduler_output: SchedulerOutput) -> None:
+        completed = []
+        for entry in scheduler_output.scheduled:
+            first = entry.num_computed_tokens // self.block_size
+            last = (entry.num_computed_tokens + len(entry.token_ids)) // self.block_size
+            if last > first:
+                completed.extend(self.kv.get_block_ids(entry.request_id)[first:last])
+        versions = [self.kv.block_version(b) for b in completed]
+        self.output_cache.mark_complete(completed, versions)
+
+    def _gather(self, request: Request) -> dict[str, torch.Tensor]:
+        # Every token but the last generated one was fed through the model.
+        num_rows = request.num_tokens - 1
+        block_ids = self.kv.get_block_ids(request.request_id)
+        return self.output_cache.gather(block_ids, num_rows, num_hit_rows=max(request.num_cached_tokens, 0))
+
+    def _result(self, request: Request, tensors: dict) -> StageResult:
+        arrival = self._arrival.pop(request.request_id, None)
+        return StageResult(
+            request_id=request.request_id,
+            stage=self.name,
+            prompt_token_ids=list(request.prompt_token_ids),
+            token_ids=list(request.output_token_ids),
+            finish_reason=request.status.value,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            tensors=tensors,
+            timings={"latency_s": time.perf_counter() - arrival} if arrival else {},
+        )
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "stage": self.name,
+            "steps": self.num_steps,
+            **{f"kv_{k}": v for k, v in self.kv.stats.as_dict().items()},
+            "kv_evictions": self.kv.pool.num_evictions,
+            "preemptions": self.scheduler.num_preemptions,
+            "rows_recomputed": self.scheduler.num_hit_blocks_refused * self.block_size,
+            **self.output_cache.stats(),
+        }

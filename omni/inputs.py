@@ -1,0 +1,67 @@
+"""User prompts -> normalized PromptInput for the root stage(s), validated before any work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_PROMPT_KEYS = ("prompt", "prompt_token_ids", "images", "audio", "cache_salt")
+
+
+@dataclass
+class PromptInput:
+    """One user request after tokenization (and, for multimodal stages, preprocessing)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    text: str | None = None
+    cache_salt: str | None = None
+    mm_inputs: tuple = ()
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Root-stage adapter inputs (pixel values, audio features, ...)."""
+    original: Any = None
+
+
+class PromptProcessor:
+    """Tokenizes text prompts with the root stage's tokenizer. Multimodal families subclass it."""
+
+    def __init__(self, model_dir: str) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def __call__(self, request_id: str, prompt: Any) -> PromptInput:
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        elif isinstance(prompt, list | tuple):
+            prompt = {"prompt_token_ids": list(prompt)}
+        if not isinstance(prompt, dict):
+            raise ValueError(
+                f"prompt {request_id!r}: expected str, list of token ids or dict, got {type(prompt).__name__}"
+            )
+        unknown = sorted(set(prompt) - set(_PROMPT_KEYS))
+        if unknown:
+            raise ValueError(f"prompt {request_id!r}: unknown key(s) {unknown}; valid: {list(_PROMPT_KEYS)}")
+        if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+            raise ValueError(f"prompt {request_id!r}: give exactly one of 'prompt' and 'prompt_token_ids'")
+        if prompt.get("images") or prompt.get("audio"):
+            raise ValueError(
+                f"prompt {request_id!r}: this pipeline's root stage takes text only, "
+                "but the prompt has images or audio"
+            )
+        text = prompt.get("prompt")
+        if text is not None:
+            if not isinstance(text, str) or not text:
+                raise ValueError(f"prompt {request_id!r}: 'prompt' must be a non-empty string, got {text!r}")
+            token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            token_ids = list(prompt["prompt_token_ids"])
+        if not token_ids:
+            raise ValueError(f"prompt {request_id!r}: prompt_token_ids is empty")
+        salt = prompt.get("cache_salt")
+        if salt is not None and not isinstance(salt, str):
+            raise ValueError(f"prompt {request_id!r}: cache_salt must be a string, got {salt!r}")
+        return PromptInput(request_id, token_ids, text=text, cache_salt=salt, original=prompt)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)

@@ -1,0 +1,103 @@
+"""The stage-output cache: per output name, a CPU tensor (num_blocks, block_size, D) that mirrors
+the KV cache, so row = slot = block_id * block_size + offset (shared/seeds/002_*.txt).
+
+Every fed token's output rows are written at its KV slot, so a finished request's full output is
+one gather over its block table: the rows of its prefix-hit blocks (written by an earlier request)
+followed by its own fresh rows. The block pool alone decides block ids; this cache only mirrors.
+
+Validity: a block's rows may be served to another request only if they were completely written for
+the block's current content. `valid_version[name][block_id]` holds the pool version at which the
+block's rows were completed; the pool bumps a block's version whenever it loses its content, so a
+reused block never serves the previous content's rows. A hit on a block whose rows are not valid is
+refused and recomputed (the scheduler counts it), except when the block is completed by the
+same step's forward ("pending"): those rows are written before any reader can finish.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class OutputCache:
+    def __init__(self, num_blocks: int, block_size: int, dtype: torch.dtype) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.dtype = dtype
+        self.caches: dict[str, torch.Tensor] = {}  # name -> (num_blocks, block_size, D)
+        self._flat: dict[str, torch.Tensor] = {}  # name -> (num_blocks * block_size, D) view
+        self.valid_version: dict[str, np.ndarray] = {}
+        self.hit_rows = 0
+
+    # ---- allocation and discovery ---------------------------------------------------------------
+    def allocate(self, name: str, feature_shape: tuple[int, ...], dtype: torch.dtype | None = None) -> None:
+        shape = (self.num_blocks, self.block_size, *feature_shape)
+        cache = torch.zeros(shape, dtype=dtype or self.dtype)
+        self.caches[name] = cache
+        self._flat[name] = cache.view(self.num_blocks * self.block_size, *feature_shape)
+        self.valid_version[name] = np.full(self.num_blocks, -1, dtype=np.int64)
+        logger.info(
+            "output cache %r: shape %s %s, %d bytes", name, tuple(shape), cache.dtype, self.num_bytes_of(name)
+        )
+
+    def discover(self, outputs: dict[str, torch.Tensor], num_tokens: int) -> dict[str, torch.Tensor]:
+        """Split a forward's outputs into per-token ones (cached from now on) and the rest."""
+        passthrough = {}
+        for name, value in outputs.items():
+            if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != num_tokens:
+                passthrough[name] = value
+            elif name not in self.caches:
+                self.allocate(name, tuple(value.shape[1:]), value.dtype)
+        return passthrough
+
+    def num_bytes_of(self, name: str) -> int:
+        cache = self.caches[name]
+        return cache.numel() * cache.element_size()
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(self.num_bytes_of(name) for name in self.caches)
+
+    # ---- writes -------------------------------------------------------------------------------
+    def write(self, slot_mapping: torch.Tensor, outputs: dict[str, torch.Tensor]) -> None:
+        """One indexed copy per cached output: row i of each output goes to slot_mapping[i]."""
+        for name, flat in self._flat.items():
+            rows = outputs.get(name)
+            if rows is not None:
+                flat[slot_mapping] = rows.detach().to(flat.dtype)
+
+    def mark_complete(self, block_ids: list[int], versions: list[int]) -> None:
+        """These blocks' rows are all written for the given pool versions of their content."""
+        if not block_ids:
+            return
+        ids = np.asarray(block_ids, dtype=np.int64)
+        vers = np.asarray(versions, dtype=np.int64)
+        for valid in self.valid_version.values():
+            valid[ids] = vers
+
+    # ---- reads --------------------------------------------------------------------------------
+    def num_valid_prefix(self, block_ids: list[int], versions: list[int], pending: set[int]) -> int:
+        """How many leading hit blocks have servable rows for every cached output."""
+        for index, (block_id, version) in enumerate(zip(block_ids, versions, strict=True)):
+            if block_id in pending:
+                continue
+            if any(valid[block_id] != version for valid in self.valid_version.values()):
+                return index
+        return len(block_ids)
+
+    def gather(self, block_ids: list[int], num_rows: int, num_hit_rows: int = 0) -> dict[str, torch.Tensor]:
+        """The first `num_rows` rows of a request, in token order: one indexed copy per output."""
+        self.hit_rows += num_hit_rows
+        first_slots = torch.tensor(block_ids, dtype=torch.long).unsqueeze(1) * self.block_size
+        slots = (first_slots + torch.arange(self.block_size)).flatten()[:num_rows]
+        return {name: flat.index_select(0, slots) for name, flat in self._flat.items()}
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "output_hit_rows": self.hit_rows,
+            "output_cache_bytes": self.num_bytes,
+        }

@@ -1,0 +1,40 @@
+"""Adapter for any transformers causal LM (Qwen2, Llama, ...) on omni's paged attention."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
+from omni.runtime.stage_model import ModelInputs, ModelOutputs
+from stages.registry import register_adapter
+
+
+@register_adapter("causal_lm")
+class CausalLMAdapter:
+    def __init__(self, model_dir: str, *, dtype: torch.dtype = torch.float32) -> None:
+        register_paged_attention()
+        config = AutoConfig.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, attn_implementation=ATTENTION_NAME
+        ).eval()
+        self.dtype = dtype
+        self.num_layers = config.num_hidden_layers
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.hidden_size = config.hidden_size
+        self.vocab_size = config.vocab_size
+        eos = getattr(self.model.generation_config, "eos_token_id", None) or config.eos_token_id
+        self.eos_token_id = eos[0] if isinstance(eos, list) else eos
+
+    def forward(self, inputs: ModelInputs) -> ModelOutputs:
+        out = self.model.model(
+            input_ids=inputs.input_ids.unsqueeze(0),
+            position_ids=inputs.positions.unsqueeze(0),
+            use_cache=False,
+            omni_attn=inputs.attn,
+        )
+        return ModelOutputs(hidden_states=out.last_hidden_state[0])
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(hidden_states)

@@ -1,0 +1,50 @@
+"""Shared test helpers: reference generation with transformers, engines from tiny checkpoints."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from omni.config import load_config
+from omni.core.sampling_params import SamplingParams
+from omni.engine import StageEngine
+from omni.outputs import StageInput
+
+
+def shared_prefix_prompts(vocab_size: int, num_prompts: int = 12, seed: int = 0) -> list[list[int]]:
+    """Prompts of varied lengths (5..120 tokens) built from three shared prefixes."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(3, vocab_size) for _ in range(n)] for n in (37, 64, 9)]
+    prompts = []
+    for i in range(num_prompts):
+        prefix = prefixes[i % 3][: rng.choice([0, 5, 16, 40, 64])]
+        suffix = [rng.randrange(3, vocab_size) for _ in range(rng.randrange(1, 57))]
+        prompts.append(prefix + suffix)
+    prompts.append(prompts[0][:])  # an exact repeat
+    return prompts
+
+
+def transformers_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+            outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
+
+
+def make_engine(model_dir: str, **engine: object) -> StageEngine:
+    config = load_config({"stages": [{"name": "llm", "model": model_dir, "engine": dict(engine)}]})
+    return StageEngine(config.stages[0])
+
+
+def run_engine(engine: StageEngine, prompts: list[list[int]], params: SamplingParams, prefix: str = "r"):
+    for i, prompt in enumerate(prompts):
+        engine.add_request(StageInput(f"{prefix}{i}", prompt, params))
+    results = {r.request_id: r for r in engine.run_until_done()}
+    return [results[f"{prefix}{i}"] for i in range(len(prompts))]

@@ -1,0 +1,73 @@
+"""Our engine's greedy tokens equal transformers' model.generate, prompt by prompt, under every
+cache configuration: prefix caching on/off, eviction and preemption, chunked prefill, block sizes."""
+
+import pytest
+from helpers import make_engine, run_engine, shared_prefix_prompts, transformers_greedy
+
+from omni.core.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+MAX_NEW = 16
+GREEDY = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
+
+CONFIGS = {
+    "caching-on": {"block_size": 4},
+    "caching-off": {"block_size": 4, "enable_prefix_caching": False},
+    "block-size-1": {"block_size": 1, "num_blocks": 4096},
+    "block-size-16": {"block_size": 16},
+    "chunked-prefill": {"block_size": 4, "max_num_batched_tokens": 24},
+    "tiny-pool": {"block_size": 4, "num_blocks": 48, "max_model_len": 192},
+    "tiny-pool-chunked": {"block_size": 4, "num_blocks": 40, "max_num_batched_tokens": 16, "max_model_len": 160},
+}
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def family_case(request, qwen2_dir, llama_dir):
+    model_dir = qwen2_dir if request.param == "qwen2" else llama_dir
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
+    prompts = shared_prefix_prompts(vocab)
+    return model_dir, prompts, transformers_greedy(model_dir, prompts, MAX_NEW)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_tokens_equal_transformers(family_case, name):
+    model_dir, prompts, expected = family_case
+    engine = make_engine(model_dir, **CONFIGS[name])
+    results = run_engine(engine, prompts, GREEDY)
+    for prompt_index, (result, want) in enumerate(zip(results, expected, strict=True)):
+        assert result.token_ids == want, f"{name}: prompt {prompt_index} differs"
+    stats = engine.stats()
+    if name.startswith("tiny-pool"):
+        assert stats["preemptions"] > 0 and stats["kv_evictions"] > 0, stats
+    if name == "caching-off":
+        assert all(r.num_cached_tokens == 0 for r in results)
+    else:
+        assert stats["kv_hit_tokens"] > 0
+
+
+def test_second_round_is_served_by_the_cache(family_case):
+    model_dir, prompts, expected = family_case
+    engine = make_engine(model_dir, block_size=4)
+    run_engine(engine, prompts, GREEDY, prefix="first")
+    second = run_engine(engine, prompts, GREEDY, prefix="second")
+    for prompt, result, want in zip(prompts, second, expected, strict=True):
+        assert result.token_ids == want
+        # All full blocks but the one holding the last prompt token: (n - 1) // 4 blocks.
+        assert result.num_cached_tokens == (len(prompt) - 1) // 4 * 4
+
+
+def test_same_batch_hits_count_shared_prefixes(family_case):
+    model_dir, prompts, expected = family_case
+    engine = make_engine(model_dir, block_size=4)
+    results = run_engine(engine, prompts, GREEDY)
+    for index, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
+        shared = 0
+        for earlier in prompts[:index]:
+            n = 0
+            while n < min(len(earlier), len(prompt)) and earlier[n] == prompt[n]:
+                n += 1
+            shared = max(shared, n)
+        want = min(shared // 4, (len(prompt) - 1) // 4) * 4
+        assert result.num_cached_tokens == want, f"prompt {index}"
