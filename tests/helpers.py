@@ -28,7 +28,9 @@ def shared_prefix_prompts(vocab_size: int, num_prompts: int = 12, seed: int = 0)
 
 def transformers_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    # No EOS stop: both sides generate exactly max_new_tokens (ours with ignore_eos=True).
+    model.generation_config.eos_token_id = None
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
     outputs = []
     with torch.inference_mode():
         for prompt in prompts:
