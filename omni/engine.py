@@ -55,8 +55,11 @@ class StageEngine:
             output_cache=self.output_cache,
             seed=engine.seed,
         )
+        self.runner.warm_up()  # outputs it discovers belong to step 0, before any request
         self.num_steps = 0
+        self.output_cache.step = 1  # the number of the step about to run
         self._arrival: dict[str, float] = {}
+        self._admitted_step: dict[str, int] = {}
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, stage_input: StageInput) -> None:
@@ -70,6 +73,12 @@ class StageEngine:
             eos_token_id=self.model.eos_token_id,
         )
         self._validate(request)
+        check_inputs = getattr(self.model, "check_inputs", None)  # optional adapter hook
+        if check_inputs is not None:
+            try:
+                check_inputs(stage_input)
+            except ValueError as e:
+                raise ValueError(f"request {request.request_id!r}: {e}") from e
         if stage_input.extras:
             self.runner.add_request_extras(request.request_id, stage_input.extras)
         self.scheduler.add_request(request)
@@ -101,6 +110,8 @@ class StageEngine:
 
     def abort(self, request_ids: list[str]) -> list[StageResult]:
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        for request in finished:
+            self._admitted_step.pop(request.request_id, None)
         return [self._result(request, tensors={}) for request in finished]
 
     @property
@@ -115,6 +126,10 @@ class StageEngine:
 
     def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[StageResult]:
         self.num_steps += 1
+        self.output_cache.step = self.num_steps + 1
+        for entry in scheduler_output.scheduled:
+            if entry.is_new:
+                self._admitted_step[entry.request_id] = self.num_steps
         self._mark_rows_complete(scheduler_output)
         finished = self.scheduler.update_from_output(scheduler_output, runner_output)
         results = []
@@ -137,7 +152,11 @@ class StageEngine:
         if not self.config.engine.outputs_cached:
             return 0  # rows are never served across requests: recompute the prefix
         versions = [self.kv.block_version(b) for b in hit_block_ids]
-        return self.output_cache.num_valid_prefix(hit_block_ids, versions, pending)
+        num_usable = self.output_cache.num_valid_prefix(hit_block_ids, versions, pending)
+        # Stale blocks leave the hash map so that a fresh duplicate becomes the one found.
+        for block_id in hit_block_ids[num_usable:]:
+            self.kv.uncache_block(block_id)
+        return num_usable
 
     def _mark_rows_complete(self, scheduler_output: SchedulerOutput) -> None:
         completed = []
@@ -153,7 +172,12 @@ class StageEngine:
         # Every token but the last generated one was fed through the model.
         num_rows = request.num_tokens - 1
         block_ids = self.kv.get_block_ids(request.request_id)
-        return self.output_cache.gather(block_ids, num_rows, num_hit_rows=max(request.num_cached_tokens, 0))
+        return self.output_cache.gather(
+            block_ids,
+            num_rows,
+            admitted_step=self._admitted_step.pop(request.request_id),
+            num_hit_rows=max(request.num_cached_tokens, 0),
+        )
 
     def _result(self, request: Request, tensors: dict) -> StageResult:
         arrival = self._arrival.pop(request.request_id, None)

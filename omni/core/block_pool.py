@@ -189,6 +189,11 @@ class BlockPool:
             if block.ref_cnt == 0:
                 append(block)
 
+    def uncache(self, block: Block) -> None:
+        if block.block_hash is not None:
+            self._evict(block)
+            self.num_evictions -= 1  # not an eviction: the block keeps its place and holders
+
     def _evict(self, block: Block) -> None:
         candidates = self.cached[block.block_hash]
         del candidates[block.block_id]

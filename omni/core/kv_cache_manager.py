@@ -148,6 +148,13 @@ class KVCacheManager:
         if blocks:
             self.pool.free_blocks(blocks[::-1])
 
+    def uncache_block(self, block_id: int) -> None:
+        """Take a block out of the hash map (its content stays valid for requests holding it).
+
+        Used when a cached block cannot serve a hit (e.g. its output rows are stale), so that a
+        fresh duplicate cached later becomes the one lookups find."""
+        self.pool.uncache(self.pool.blocks[block_id])
+
     def reset_prefix_cache(self) -> bool:
         """Drop every cached hash; refused (False) while any request holds blocks."""
         return self.pool.reset_prefix_cache()

@@ -58,6 +58,19 @@ class ModelRunner:
         self._pending_extras: dict[str, dict] = {}
         self.passthrough: dict[str, object] = {}  # last step's non-per-token outputs
 
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """One 2-token forward into block 0 before serving, so that every per-token output the
+        stage returns is discovered (and its cache allocated) before any block is cached.
+        Block 0 is free and uncached now; whatever this writes is overwritten on allocation."""
+        entry = ScheduledRequest("__warm_up__", [0, 0], 0, [0], True, False, SamplingParams())
+        batch = self._pack([entry])
+        outputs = self.model.forward(batch.model_inputs)
+        self._requests.pop(entry.request_id, None)
+        if self.output_cache is not None:
+            per_token = {"hidden_states": outputs.hidden_states, **outputs.extra}
+            self.output_cache.discover(per_token, batch.slot_mapping.numel())
+
     def add_request_extras(self, request_id: str, extras: dict) -> None:
         """Per-request inputs beyond token ids (e.g. upstream hidden states), kept until release."""
         self._pending_extras[request_id] = extras

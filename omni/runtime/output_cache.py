@@ -31,7 +31,12 @@ class OutputCache:
         self.caches: dict[str, torch.Tensor] = {}  # name -> (num_blocks, block_size, D)
         self._flat: dict[str, torch.Tensor] = {}  # name -> (num_blocks * block_size, D) view
         self.valid_version: dict[str, np.ndarray] = {}
+        self.discovered_step: dict[str, int] = {}
+        self.step = 0  # the engine's step counter; 0 = before serving (warm-up)
+        self.num_incomplete = 0  # (request, output) pairs dropped: output discovered too late
         self.hit_rows = 0
+        # Hit blocks served on the promise of this step's forward (counted per lookup).
+        self.pending_hit_blocks = 0
 
     # ---- allocation and discovery ---------------------------------------------------------------
     def allocate(self, name: str, feature_shape: tuple[int, ...], dtype: torch.dtype | None = None) -> None:
@@ -40,18 +45,30 @@ class OutputCache:
         self.caches[name] = cache
         self._flat[name] = cache.view(self.num_blocks * self.block_size, *feature_shape)
         self.valid_version[name] = np.full(self.num_blocks, -1, dtype=np.int64)
+        self.discovered_step[name] = self.step
         logger.info(
             "output cache %r: shape %s %s, %d bytes", name, tuple(shape), cache.dtype, self.num_bytes_of(name)
         )
 
     def discover(self, outputs: dict[str, torch.Tensor], num_tokens: int) -> dict[str, torch.Tensor]:
-        """Split a forward's outputs into per-token ones (cached from now on) and the rest."""
+        """Split a forward's outputs into per-token ones (cached from now on) and the rest.
+
+        A tensor is per-token when its first dimension is the step's token count. A one-token
+        step cannot tell ([1, D] could be pooled), so only multi-token steps discover new names.
+        """
         passthrough = {}
         for name, value in outputs.items():
-            if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != num_tokens:
-                passthrough[name] = value
-            elif name not in self.caches:
+            per_token = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == num_tokens
+            if name in self.caches:
+                if not per_token:
+                    raise RuntimeError(
+                        f"output {name!r} was per-token before but has shape "
+                        f"{tuple(getattr(value, 'shape', ()))} in a step of {num_tokens} tokens"
+                    )
+            elif per_token and num_tokens > 1:
                 self.allocate(name, tuple(value.shape[1:]), value.dtype)
+            else:
+                passthrough[name] = value
         return passthrough
 
     def num_bytes_of(self, name: str) -> int:
@@ -84,20 +101,36 @@ class OutputCache:
         """How many leading hit blocks have servable rows for every cached output."""
         for index, (block_id, version) in enumerate(zip(block_ids, versions, strict=True)):
             if block_id in pending:
+                self.pending_hit_blocks += 1
                 continue
             if any(valid[block_id] != version for valid in self.valid_version.values()):
                 return index
         return len(block_ids)
 
-    def gather(self, block_ids: list[int], num_rows: int, num_hit_rows: int = 0) -> dict[str, torch.Tensor]:
-        """The first `num_rows` rows of a request, in token order: one indexed copy per output."""
+    def gather(
+        self, block_ids: list[int], num_rows: int, *, admitted_step: int, num_hit_rows: int = 0
+    ) -> dict[str, torch.Tensor]:
+        """A request's first `num_rows` rows in token order: one indexed copy per output.
+
+        An output discovered at or after the step that admitted the request may lack rows for
+        its prefix (hits were checked before the name existed): it is left out and counted.
+        """
         self.hit_rows += num_hit_rows
         first_slots = torch.tensor(block_ids, dtype=torch.long).unsqueeze(1) * self.block_size
         slots = (first_slots + torch.arange(self.block_size)).flatten()[:num_rows]
-        return {name: flat.index_select(0, slots) for name, flat in self._flat.items()}
+        gathered = {}
+        for name, flat in self._flat.items():
+            if self.discovered_step[name] >= admitted_step:
+                self.num_incomplete += 1
+                logger.warning("output %r was discovered after the request started: left out", name)
+                continue
+            gathered[name] = flat.index_select(0, slots)
+        return gathered
 
     def stats(self) -> dict[str, int]:
         return {
             "output_hit_rows": self.hit_rows,
+            "output_pending_hit_blocks": self.pending_hit_blocks,
+            "outputs_left_out": self.num_incomplete,
             "output_cache_bytes": self.num_bytes,
         }

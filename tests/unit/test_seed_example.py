@@ -53,7 +53,7 @@ def test_block_3_is_evicted_at_time_7():
 def test_duplicated_blocks_example():
     """ABCDEF + decode GHI, sent twice (block size 4): request 2 caches a duplicate of block 1."""
     manager = KVCacheManager(num_blocks=10, block_size=4)
-    A, B, C, D, E, F, G, H, I = range(1, 10)
+    A, B, C, D, E, F, G, H, I = range(1, 10)  # noqa: E741 - the seed's letters
 
     def run(request_id: str) -> list[list[int]]:
         request = Request(request_id, [A, B, C, D, E, F])

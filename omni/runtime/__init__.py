@@ -1,0 +1,1 @@
+"""Torch side of a stage: model runner, paged attention hook, output cache, sampler."""
