@@ -27,6 +27,15 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def create_engine(config: StageConfig):
+    """The engine for a stage's kind: autoregressive (paged KV, prefix caching) or generation."""
+    if config.kind == "generation":
+        from omni.generation_engine import GenerationEngine
+
+        return GenerationEngine(config)
+    return StageEngine(config)
+
+
 class StageEngine:
     def __init__(self, config: StageConfig, *, model: StageModel | None = None) -> None:
         self.config = config

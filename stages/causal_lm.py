@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
 
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
 from omni.runtime.stage_model import ModelInputs, ModelOutputs
@@ -14,6 +15,7 @@ from stages.registry import register_adapter
 class CausalLMAdapter:
     def __init__(self, model_dir: str, *, dtype: torch.dtype = torch.float32) -> None:
         register_paged_attention()
+        hf_logging.disable_progress_bar()  # a serving framework logs its own progress
         config = AutoConfig.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=dtype, attn_implementation=ATTENTION_NAME

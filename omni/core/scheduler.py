@@ -45,7 +45,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._released_ids: list[str] = []
+        self._finished_ids: list[str] = []
+        self._preempted_ids: list[str] = []
         self.num_preemptions = 0
         self.num_hit_blocks_refused = 0  # prefix hits dropped by hit_filter (recomputed)
 
@@ -76,7 +77,7 @@ class Scheduler:
         """Free a finished request's blocks and forget it."""
         self.kv.free(request)
         self.requests.pop(request.request_id, None)
-        self._released_ids.append(request.request_id)
+        self._finished_ids.append(request.request_id)
 
     @property
     def has_unfinished(self) -> bool:
@@ -130,11 +131,13 @@ class Scheduler:
             self._note_pending(request, num_new, pending_rows)
             budget -= num_new
 
-        released, self._released_ids = self._released_ids, []
+        finished, self._finished_ids = self._finished_ids, []
+        preempted, self._preempted_ids = self._preempted_ids, []
         return SchedulerOutput(
             scheduled=scheduled,
             num_batched_tokens=self.config.max_num_batched_tokens - budget,
-            released_request_ids=released,
+            finished_request_ids=finished,
+            preempted_request_ids=preempted,
         )
 
     def _entry(self, request: Request, num_new: int, block_ids: list[int], *, is_new: bool) -> ScheduledRequest:
@@ -166,7 +169,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
-        self._released_ids.append(request.request_id)
+        self._preempted_ids.append(request.request_id)
 
     # ---- results ------------------------------------------------------------------------------
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[Request]:

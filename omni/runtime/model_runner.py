@@ -8,7 +8,7 @@ written to the stage-output cache at the token's KV slot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,8 +25,6 @@ from omni.runtime.stage_model import ModelInputs, StageModel
 class _RequestState:
     block_ids: list[int]
     sampling_params: SamplingParams
-    # Tensors a stage passes per step to the runner (e.g. upstream embeddings), by request.
-    extras: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -55,7 +53,8 @@ class ModelRunner:
         self.output_cache = output_cache
         self.sampler = Sampler(seed)
         self._requests: dict[str, _RequestState] = {}
-        self._pending_extras: dict[str, dict] = {}
+        # Per-request stage inputs (upstream embeddings, pixel values, ...), kept until finished.
+        self._extras: dict[str, dict] = {}
         self.passthrough: dict[str, object] = {}  # last step's non-per-token outputs
 
     @torch.inference_mode()
@@ -73,12 +72,17 @@ class ModelRunner:
 
     def add_request_extras(self, request_id: str, extras: dict) -> None:
         """Per-request inputs beyond token ids (e.g. upstream hidden states), kept until release."""
-        self._pending_extras[request_id] = extras
+        self._extras[request_id] = extras
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
-        for request_id in scheduler_output.released_request_ids:
+        for request_id in scheduler_output.preempted_request_ids:
             self._requests.pop(request_id, None)
+        for request_id in scheduler_output.finished_request_ids:
+            self._requests.pop(request_id, None)
+            self._extras.pop(request_id, None)
+        if scheduler_output.finished_request_ids and hasattr(self.model, "release"):
+            self.model.release(scheduler_output.finished_request_ids)  # adapters' per-request state
         if scheduler_output.is_empty:
             return RunnerOutput(sampled_token_ids={})
         batch = self._pack(scheduler_output.scheduled)
@@ -104,7 +108,6 @@ class ModelRunner:
             state = self._requests.get(entry.request_id)
             if entry.is_new or state is None:
                 state = _RequestState(list(entry.new_block_ids), entry.sampling_params)
-                state.extras = self._pending_extras.pop(entry.request_id, {})
                 self._requests[entry.request_id] = state
             else:
                 state.block_ids.extend(entry.new_block_ids)
@@ -144,6 +147,6 @@ class ModelRunner:
             positions=torch.from_numpy(positions),
             attn=attn,
             scheduled=scheduled,
-            request_extras={e.request_id: self._requests[e.request_id].extras for e in scheduled},
+            request_extras={e.request_id: self._extras.get(e.request_id, {}) for e in scheduled},
         )
         return PackedBatch(inputs, slot_mapping, sample_rows, sample_ids)

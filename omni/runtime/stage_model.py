@@ -29,7 +29,11 @@ class ModelOutputs:
 
 
 class StageModel(Protocol):
-    """What a stage adapter provides. Adapters load HF checkpoints with our paged attention."""
+    """What a stage adapter provides. Adapters load HF checkpoints with our paged attention.
+
+    An adapter that keeps per-request state (e.g. mrope positions) may also define
+    `release(request_ids)`, called once those requests finished or were aborted.
+    """
 
     num_layers: int
     num_kv_heads: int

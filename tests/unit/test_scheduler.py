@@ -21,7 +21,9 @@ def fake_step(scheduler, token=7):
 
 def test_chunked_prefill_respects_the_budget():
     scheduler, _ = make(max_num_batched_tokens=10)
-    scheduler.add_request(Request("a", list(range(25)), sampling_params=SamplingParams(max_tokens=2)))
+    scheduler.add_request(
+        Request("a", list(range(25)), sampling_params=SamplingParams(max_tokens=2))
+    )
     chunks = []
     while scheduler.has_unfinished:
         out, _ = fake_step(scheduler)
@@ -33,7 +35,9 @@ def test_budget_shared_between_decode_and_new_prefill():
     scheduler, _ = make(max_num_batched_tokens=8)
     scheduler.add_request(Request("a", [1, 2, 3], sampling_params=SamplingParams(max_tokens=5)))
     fake_step(scheduler)
-    scheduler.add_request(Request("b", list(range(20)), sampling_params=SamplingParams(max_tokens=1)))
+    scheduler.add_request(
+        Request("b", list(range(20)), sampling_params=SamplingParams(max_tokens=1))
+    )
     out, _ = fake_step(scheduler)
     assert [(e.request_id, len(e.token_ids)) for e in out.scheduled] == [("a", 1), ("b", 7)]
 
@@ -41,25 +45,44 @@ def test_budget_shared_between_decode_and_new_prefill():
 def test_max_num_seqs():
     scheduler, _ = make(max_num_seqs=2)
     for name in "abc":
-        scheduler.add_request(Request(name, [1, 2, 3], sampling_params=SamplingParams(max_tokens=3)))
+        scheduler.add_request(
+            Request(name, [1, 2, 3], sampling_params=SamplingParams(max_tokens=3))
+        )
     out, _ = fake_step(scheduler)
     assert [e.request_id for e in out.scheduled] == ["a", "b"]
 
 
 def test_stop_conditions():
     scheduler, _ = make(max_model_len=6)
-    scheduler.add_request(Request("eos", [1], sampling_params=SamplingParams(max_tokens=9), eos_token_id=7))
-    scheduler.add_request(Request("ign", [1], sampling_params=SamplingParams(max_tokens=2, ignore_eos=True), eos_token_id=7))
-    scheduler.add_request(Request("stop", [1], sampling_params=SamplingParams(max_tokens=9, stop_token_ids=(7,))))
+    scheduler.add_request(
+        Request("eos", [1], sampling_params=SamplingParams(max_tokens=9), eos_token_id=7)
+    )
+    scheduler.add_request(
+        Request(
+            "ign",
+            [1],
+            sampling_params=SamplingParams(max_tokens=2, ignore_eos=True),
+            eos_token_id=7,
+        )
+    )
+    scheduler.add_request(
+        Request("stop", [1], sampling_params=SamplingParams(max_tokens=9, stop_token_ids=(7,)))
+    )
     scheduler.add_request(Request("len", [1, 2, 3], sampling_params=SamplingParams(max_tokens=9)))
     finished = {}
     while scheduler.has_unfinished:
         for request in fake_step(scheduler)[1]:
             finished[request.request_id] = request
-    assert finished["eos"].status == RequestStatus.FINISHED_STOPPED and finished["eos"].output_token_ids == [7]
-    assert finished["ign"].status == RequestStatus.FINISHED_LENGTH and finished["ign"].output_token_ids == [7, 7]
+    assert finished["eos"].status == RequestStatus.FINISHED_STOPPED and finished[
+        "eos"
+    ].output_token_ids == [7]
+    assert finished["ign"].status == RequestStatus.FINISHED_LENGTH and finished[
+        "ign"
+    ].output_token_ids == [7, 7]
     assert finished["stop"].status == RequestStatus.FINISHED_STOPPED
-    assert finished["len"].status == RequestStatus.FINISHED_LENGTH and finished["len"].num_tokens == 6
+    assert (
+        finished["len"].status == RequestStatus.FINISHED_LENGTH and finished["len"].num_tokens == 6
+    )
 
 
 def test_preemption_frees_the_newest_and_resumes_from_the_cache():
@@ -72,7 +95,7 @@ def test_preemption_frees_the_newest_and_resumes_from_the_cache():
     preempted_seen = resumed_with_hits = False
     while scheduler.has_unfinished:
         out, _ = fake_step(scheduler)
-        if "b" in out.released_request_ids and scheduler.requests.get("b") is not None:
+        if "b" in out.preempted_request_ids:
             preempted_seen = True
         for entry in out.scheduled:
             if entry.request_id == "b" and entry.is_new and entry.num_computed_tokens > 0:
@@ -84,21 +107,29 @@ def test_preemption_frees_the_newest_and_resumes_from_the_cache():
 
 def test_abort_frees_blocks_between_steps():
     scheduler, kv = make(num_blocks=8)
-    scheduler.add_request(Request("a", list(range(9)), sampling_params=SamplingParams(max_tokens=5)))
-    scheduler.add_request(Request("w", list(range(9)), sampling_params=SamplingParams(max_tokens=5)))
+    scheduler.add_request(
+        Request("a", list(range(9)), sampling_params=SamplingParams(max_tokens=5))
+    )
+    scheduler.add_request(
+        Request("w", list(range(9)), sampling_params=SamplingParams(max_tokens=5))
+    )
     fake_step(scheduler)
     aborted = scheduler.finish_requests(["a", "w", "missing"], RequestStatus.FINISHED_ABORTED)
     assert [r.request_id for r in aborted] == ["a", "w"]
     assert kv.num_free_blocks == 8 and not scheduler.has_unfinished
-    assert set(scheduler.schedule().released_request_ids) == {"a", "w"}
+    assert set(scheduler.schedule().finished_request_ids) == {"a", "w"}
 
 
 def test_hit_filter_refuses_and_counts():
     scheduler, kv = make(num_blocks=16, block_size=4)
     scheduler.hit_filter = lambda hit_ids, pending: 1
-    scheduler.add_request(Request("a", list(range(13)), sampling_params=SamplingParams(max_tokens=1)))
+    scheduler.add_request(
+        Request("a", list(range(13)), sampling_params=SamplingParams(max_tokens=1))
+    )
     fake_step(scheduler)
-    scheduler.add_request(Request("b", list(range(13)), sampling_params=SamplingParams(max_tokens=1)))
+    scheduler.add_request(
+        Request("b", list(range(13)), sampling_params=SamplingParams(max_tokens=1))
+    )
     out, _ = fake_step(scheduler)
     assert out.scheduled[0].num_computed_tokens == 4
     assert scheduler.num_hit_blocks_refused == 2
