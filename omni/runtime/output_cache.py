@@ -116,15 +116,16 @@ class OutputCache:
         its prefix (hits were checked before the name existed): it is left out and counted.
         """
         self.hit_rows += num_hit_rows
-        first_slots = torch.tensor(block_ids, dtype=torch.long).unsqueeze(1) * self.block_size
-        slots = (first_slots + torch.arange(self.block_size)).flatten()[:num_rows]
+        # Whole blocks are gathered (block_size rows per index) and the tail trimmed.
+        block_index = torch.tensor(block_ids, dtype=torch.long)
         gathered = {}
-        for name, flat in self._flat.items():
+        for name, cache in self.caches.items():
             if self.discovered_step[name] >= admitted_step:
                 self.num_incomplete += 1
                 logger.warning("output %r was discovered after the request started: left out", name)
                 continue
-            gathered[name] = flat.index_select(0, slots)
+            rows = cache.view(self.num_blocks, -1).index_select(0, block_index)
+            gathered[name] = rows.view(-1, *cache.shape[2:])[:num_rows]
         return gathered
 
     def stats(self) -> dict[str, int]:

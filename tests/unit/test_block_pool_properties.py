@@ -28,7 +28,9 @@ def check_invariants(manager: KVCacheManager, running: dict[str, Request]) -> No
         else:
             assert block.block_id not in queued
             num_referenced += 1
-        in_map = block.block_hash is not None and block.block_id in pool.cached.get(block.block_hash, {})
+        in_map = block.block_hash is not None and block.block_id in pool.cached.get(
+            block.block_hash, {}
+        )
         assert (block.block_hash is not None) == in_map
     assert num_referenced + len(queued) == NUM_BLOCKS
     # Reference counts equal the number of running requests holding each block.

@@ -60,10 +60,26 @@ def _hits(manager, **kwargs):
 @pytest.mark.parametrize(
     ("first", "second", "shared"),
     [
-        ({"mm_inputs": [MultiModalInput("img-a", 1, 3)]}, {"mm_inputs": [MultiModalInput("img-a", 1, 3)]}, 8),
-        ({"mm_inputs": [MultiModalInput("img-a", 1, 3)]}, {"mm_inputs": [MultiModalInput("img-b", 1, 3)]}, 0),
-        ({"mm_inputs": [MultiModalInput("img-a", 1, 3)]}, {"mm_inputs": [MultiModalInput("img-a", 2, 3)]}, 0),
-        ({"mm_inputs": [MultiModalInput("img-a", 5, 2)]}, {"mm_inputs": [MultiModalInput("img-b", 5, 2)]}, 4),
+        (
+            {"mm_inputs": [MultiModalInput("img-a", 1, 3)]},
+            {"mm_inputs": [MultiModalInput("img-a", 1, 3)]},
+            8,
+        ),
+        (
+            {"mm_inputs": [MultiModalInput("img-a", 1, 3)]},
+            {"mm_inputs": [MultiModalInput("img-b", 1, 3)]},
+            0,
+        ),
+        (
+            {"mm_inputs": [MultiModalInput("img-a", 1, 3)]},
+            {"mm_inputs": [MultiModalInput("img-a", 2, 3)]},
+            0,
+        ),
+        (
+            {"mm_inputs": [MultiModalInput("img-a", 5, 2)]},
+            {"mm_inputs": [MultiModalInput("img-b", 5, 2)]},
+            4,
+        ),
         ({"lora_id": "a"}, {"lora_id": "a"}, 8),
         ({"lora_id": "a"}, {"lora_id": "b"}, 0),
         ({"lora_id": "a"}, {}, 0),
@@ -222,26 +238,32 @@ def test_stats():
 
 
 # ---- bad input ------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"num_blocks": 0, "block_size": 4}, "num_blocks"),
-    ({"num_blocks": 4, "block_size": 0}, "block_size"),
-    ({"num_blocks": 4, "block_size": 2.5}, "block_size"),
-    ({"num_blocks": 4, "block_size": 4, "hash_algo": "md5"}, r"\['sha256', 'xxhash'\].*'md5'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_blocks": 0, "block_size": 4}, "num_blocks"),
+        ({"num_blocks": 4, "block_size": 0}, "block_size"),
+        ({"num_blocks": 4, "block_size": 2.5}, "block_size"),
+        ({"num_blocks": 4, "block_size": 4, "hash_algo": "md5"}, r"\['sha256', 'xxhash'\].*'md5'"),
+    ],
+)
 def test_bad_manager_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         KVCacheManager(**kwargs)
 
 
-@pytest.mark.parametrize(("tokens", "mm", "match"), [
-    ([], (), "empty"),
-    ([1, -2], (), r"prompt_token_ids\[1\] = -2 is negative"),
-    ([1, 2.5], (), r"prompt_token_ids\[1\] = 2.5 is not an integer"),
-    ([1, "a"], (), "not an integer"),
-    ([1, 2, 3], [MultiModalInput("i", 2, 2)], r"\[2, 4\) is outside the prompt of 3 tokens"),
-    ([1, 2, 3], [MultiModalInput("i", -1, 1)], "outside"),
-    ([1] * 8, [MultiModalInput("i", 0, 4), MultiModalInput("j", 3, 2)], "overlaps"),
-])
+@pytest.mark.parametrize(
+    ("tokens", "mm", "match"),
+    [
+        ([], (), "empty"),
+        ([1, -2], (), r"prompt_token_ids\[1\] = -2 is negative"),
+        ([1, 2.5], (), r"prompt_token_ids\[1\] = 2.5 is not an integer"),
+        ([1, "a"], (), "not an integer"),
+        ([1, 2, 3], [MultiModalInput("i", 2, 2)], r"\[2, 4\) is outside the prompt of 3 tokens"),
+        ([1, 2, 3], [MultiModalInput("i", -1, 1)], "outside"),
+        ([1] * 8, [MultiModalInput("i", 0, 4), MultiModalInput("j", 3, 2)], "overlaps"),
+    ],
+)
 def test_bad_request_input(tokens, mm, match):
     with pytest.raises(ValueError, match=match):
         Request("bad", tokens, mm_inputs=mm)

@@ -20,7 +20,11 @@ def test_seeded_row_is_independent_of_the_batch():
     x = logits(rows=6)
     seeded = SamplingParams(temperature=1.0, seed=1234)
     alone = Sampler(seed=1)(x[2:3], [seeded], [5])
-    mixed_params = [SamplingParams(temperature=0.7)] * 2 + [seeded] + [SamplingParams(temperature=1.3, seed=9)] * 3
+    mixed_params = (
+        [SamplingParams(temperature=0.7)] * 2
+        + [seeded]
+        + [SamplingParams(temperature=1.3, seed=9)] * 3
+    )
     together = Sampler(seed=2)(x, mixed_params, [0, 1, 5, 2, 3, 4])
     assert together[2] == alone[0]
     # A different output index gives an independent draw stream.
@@ -45,13 +49,16 @@ def test_sampling_follows_the_distribution():
     assert torch.allclose(freq, probs, atol=0.03)
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"temperature": -0.1}, "temperature"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"top_k": -1}, "top_k"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+    ],
+)
 def test_bad_sampling_params(kwargs, field):
     with pytest.raises(ValueError, match=f"SamplingParams.{field} must be"):
         SamplingParams(**kwargs)
