@@ -1,17 +1,6 @@
-"""Pure-torch kernels for the paged KV cache: writing new K/V into blocks and paged attention."""
+"""Pure-torch kernels for the paged KV cache.
 
-from kernels.cache_ops import reshape_and_cache
-from kernels.paged_attention import (
-    PagedAttentionPlan,
-    make_plan,
-    paged_attention,
-    paged_attention_reference,
-)
-
-__all__ = [
-    "PagedAttentionPlan",
-    "make_plan",
-    "paged_attention",
-    "paged_attention_reference",
-    "reshape_and_cache",
-]
+kernels.cache_ops.reshape_and_cache writes new K/V into blocks; kernels.paged_attention holds
+paged_attention, make_plan and the dense reference. Nothing is re-exported here on purpose: a
+function named paged_attention on the package would shadow the submodule of the same name.
+"""

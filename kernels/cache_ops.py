@@ -17,11 +17,14 @@ def reshape_and_cache(
     distinct within one call. One indexed copy per cache, no Python loop over tokens.
     """
     if key.shape != value.shape or key.dim() != 3:
-        raise ValueError(f"key/value must both be [num_tokens, num_kv_heads, head_dim], got "
-                         f"{tuple(key.shape)} and {tuple(value.shape)}")
+        raise ValueError(
+            f"key/value must both be [num_tokens, num_kv_heads, head_dim], got "
+            f"{tuple(key.shape)} and {tuple(value.shape)}"
+        )
     if slot_mapping.shape != (key.shape[0],):
-        raise ValueError(f"slot_mapping has shape {tuple(slot_mapping.shape)}, expected "
-                         f"({key.shape[0]},)")
+        raise ValueError(
+            f"slot_mapping has shape {tuple(slot_mapping.shape)}, expected ({key.shape[0]},)"
+        )
     # The caches must be contiguous so that the flat view aliases them: a copy would drop writes.
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         raise RuntimeError("key_cache and value_cache must be contiguous")

@@ -6,13 +6,12 @@ seq_lens[i] tokens whose K/V already sit in the caches [num_blocks, block_size, 
 head_dim] at the blocks listed in block_tables[i]. Query head h reads kv head h // group.
 
 Two variants share one plan, built once per model step by make_plan and reused by every layer:
-- single: one sequence alone; gather its blocks, one SDPA call: is_causal when nothing is cached,
-  else an explicit bottom-right causal mask, or for long chunks a split into "cached prefix, no
-  mask" + "new tokens, is_causal" merged by log-sum-exp (skips the masked half of the work).
-- padded: several sequences in one call; gather their blocks into [S, max_len, Hkv, D] and mask
-  padding + causality. Decode rows (q_len 1) fold the GQA group into the query axis, so keys are
-  never repeated per head.
-make_plan picks the variant per sequence; bench/paged_attention.py holds the measurements.
+- padded: gather the blocks of S sequences into [S, max_len, Hkv, D], one SDPA call with a
+  padding + bottom-right causal mask; the GQA group is folded into the query axis so keys are
+  never repeated per head. The loop variant is this with S = 1 per sequence.
+- single (long prefill chunks): is_causal SDPA when nothing is cached, else a split into "cached
+  prefix, no mask" + "new tokens, is_causal" merged by log-sum-exp (skips the masked triangle).
+make_plan picks per sequence; bench/paged_attention.py holds the measurements.
 """
 
 from dataclasses import dataclass, field
@@ -27,32 +26,37 @@ except (AttributeError, RuntimeError):  # pragma: no cover - depends on the torc
     _FLASH_CPU = None
 
 SPLIT_MIN_Q = 256  # below this the split's second kernel call costs more than the mask saves
-PADDED_MAX_Q = 16  # prefill chunks up to this many queries may share a padded call
+PADDED_MAX_Q = 16  # chunks up to this many queries share padded calls in "auto"
+# Padded keys per group: a group's gathered K/V must stay cache-resident for the SDPA that reads
+# it right after (one big gather of many long contexts is memory-bound and loses to the loop).
+PADDED_MAX_KEYS = 4096
 STRATEGIES = ("auto", "loop", "padded")
 
 
 @dataclass(eq=False)
 class _Single:
+    """A prefill chunk attended alone with is_causal (nothing cached) or the split (cached)."""
+
     q_start: int
     q_end: int
     seq_len: int
     block_ids: torch.Tensor  # [ceil(seq_len / block_size)]
-    mode: str  # "decode" (q_len 1, sees all) | "causal" (nothing cached) | "split" | "mask"
-    mask: torch.Tensor | None = None  # bool [q_len, seq_len] (True = visible) for "mask"
-    masks: dict = field(default_factory=dict)  # additive float masks by dtype, built lazily
+    split: bool
 
 
 @dataclass(eq=False)
 class _Padded:
+    """Sequences attended in one padded SDPA call (a group of one is the loop's general case)."""
+
     token_ids: torch.Tensor  # [num_group_tokens] query rows owned by the group, padded order
     dest: torch.Tensor | None  # row of each token in the [S * max_q] padded layout (max_q > 1)
     block_ids: torch.Tensor  # [S * max_blocks], padding entries are any valid block id
     num_seqs: int
     max_q: int
     max_len: int
-    mask: torch.Tensor | None  # bool [S, 1, max_q, max_len]; None when no row needs masking
+    mask: torch.Tensor | None  # bool [S, 1, max_q, max_len]; None when every key is visible
     identity: bool  # token_ids == arange(num_tokens): no gather/scatter of query rows needed
-    masks: dict = field(default_factory=dict)
+    masks: dict = field(default_factory=dict)  # additive masks by (dtype, group), built lazily
 
 
 @dataclass(eq=False)
@@ -66,65 +70,60 @@ class PagedAttentionPlan:
     groups: list[_Padded]
 
 
-def _additive(work: _Single | _Padded, dtype: torch.dtype) -> torch.Tensor | None:
-    """The bool mask as 0/-inf in the query dtype, converted once per plan (SDPA needs it so)."""
-    if work.mask is None:
+def _additive(g: _Padded, dtype: torch.dtype, group: int) -> torch.Tensor | None:
+    """The bool mask as 0/-inf in the query dtype with each row repeated `group` times (GQA
+    fold), built once per plan: SDPA wants float masks and every layer reuses it."""
+    if g.mask is None:
         return None
-    mask = work.masks.get(dtype)
+    mask = g.masks.get((dtype, group))
     if mask is None:
-        mask = torch.zeros(work.mask.shape, dtype=dtype).masked_fill_(~work.mask, float("-inf"))
-        work.masks[dtype] = mask
+        rows = g.mask.repeat_interleave(group, dim=2) if g.max_q > 1 else g.mask
+        mask = torch.zeros(rows.shape, dtype=dtype).masked_fill_(~rows, float("-inf"))
+        g.masks[(dtype, group)] = mask
     return mask
 
 
-def _causal_mask(q_lens: torch.Tensor, seq_lens: torch.Tensor, max_q: int, max_len: int):
-    """bool [S, max_q, max_len]: row t of sequence s sees key j iff j <= seq_len - q_len + t and
-    j < seq_len. Padded rows (t >= q_len) see the whole context, so no row is fully masked."""
-    rows = torch.arange(max_q).view(1, -1, 1)
-    cols = torch.arange(max_len).view(1, 1, -1)
-    last_visible = (seq_lens - q_lens).view(-1, 1, 1) + rows
-    return (cols <= last_visible) & (cols < seq_lens.view(-1, 1, 1))
-
-
 def _make_group(seq_ids, starts, lens, block_tables, block_size, num_tokens) -> _Padded:
-    q_lens = torch.tensor([starts[i + 1] - starts[i] for i in seq_ids])
-    ctx_lens = torch.tensor([lens[i] for i in seq_ids])
-    max_q, max_len = int(q_lens.max()), int(ctx_lens.max())
-    num_blocks = -(-max_len // block_size)
-    token_ids = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in seq_ids])
+    # Plain Python until the end: a step builds many small groups and torch ops cost ~10 us each.
+    q_lens = [starts[i + 1] - starts[i] for i in seq_ids]
+    ctx_lens = [lens[i] for i in seq_ids]
+    max_q, max_len = max(q_lens), max(ctx_lens)
+    token_ids = [t for i in seq_ids for t in range(starts[i], starts[i + 1])]
     dest = None
     if max_q > 1:
-        dest = torch.cat([s * max_q + torch.arange(q) for s, q in enumerate(q_lens.tolist())])
-    mask = _causal_mask(q_lens, ctx_lens, max_q, max_len).unsqueeze(1)
-    if max_q == 1 and bool(mask.all()):
-        mask = None  # equal lengths, one query each: every key is visible
+        dest = torch.tensor([s * max_q + t for s, q in enumerate(q_lens) for t in range(q)])
+    mask = None
+    if max_q > 1 or min(ctx_lens) < max_len:
+        # Row t of sequence s sees key j iff j <= seq_len - q_len + t and j < seq_len. Padded
+        # rows (t >= q_len) thus see the whole context: no row is fully masked, so no NaN.
+        ctx = torch.tensor(ctx_lens).view(-1, 1, 1)
+        last = ctx - torch.tensor(q_lens).view(-1, 1, 1) + torch.arange(max_q).view(1, -1, 1)
+        cols = torch.arange(max_len)
+        mask = ((cols <= last) & (cols < ctx)).unsqueeze(1)
     return _Padded(
-        token_ids=token_ids,
+        token_ids=torch.tensor(token_ids),
         dest=dest,
-        block_ids=block_tables[seq_ids, :num_blocks].reshape(-1).contiguous(),
+        block_ids=block_tables[seq_ids, : -(-max_len // block_size)].reshape(-1),
         num_seqs=len(seq_ids),
         max_q=max_q,
         max_len=max_len,
         mask=mask,
-        identity=len(token_ids) == num_tokens and bool((token_ids == torch.arange(num_tokens)).all()),
+        # seq_ids ascend and each owns a contiguous row range: covering all rows means identity.
+        identity=len(token_ids) == num_tokens,
     )
 
 
-def _make_single(i, starts, lens, block_tables, block_size) -> _Single:
-    q_start, q_end, seq_len = starts[i], starts[i + 1], lens[i]
-    q_len = q_end - q_start
-    mask = None
-    if q_len == 1:
-        mode = "decode"
-    elif q_len == seq_len:
-        mode = "causal"
-    elif q_len >= SPLIT_MIN_Q and _FLASH_CPU is not None:
-        mode = "split"
-    else:
-        mode = "mask"
-        mask = _causal_mask(torch.tensor([q_len]), torch.tensor([seq_len]), q_len, seq_len)[0]
-    block_ids = block_tables[i, : -(-seq_len // block_size)].contiguous()
-    return _Single(q_start, q_end, seq_len, block_ids, mode, mask)
+def _split_by_keys(seq_ids: list[int], lens: list[int]) -> list[list[int]]:
+    """Groups of at most PADDED_MAX_KEYS padded keys (or one sequence), longest first."""
+    groups: list[list[int]] = []
+    for i in sorted(seq_ids, key=lambda i: -lens[i]):
+        # The group's first member is its longest and sets the padded length.
+        if groups and (len(groups[-1]) + 1) * lens[groups[-1][0]] <= PADDED_MAX_KEYS:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    # Batch order inside a group keeps query rows contiguous (no gather/scatter when all fit).
+    return [sorted(group) for group in groups]
 
 
 def make_plan(
@@ -143,62 +142,59 @@ def make_plan(
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     lens, starts = seq_lens.tolist(), query_start_loc.tolist()
     num_seqs = len(lens)
-    if len(starts) != num_seqs + 1 or block_tables.shape[0] != num_seqs:
-        raise ValueError(f"{num_seqs} seq_lens need {num_seqs + 1} query_start_loc entries and "
-                         f"{num_seqs} block_tables rows, got {len(starts)} and {block_tables.shape[0]}")
-    for i in range(num_seqs):
-        q_len = starts[i + 1] - starts[i]
-        if not 0 <= q_len <= lens[i] or -(-lens[i] // block_size) > block_tables.shape[1]:
-            raise ValueError(f"sequence {i}: q_len={q_len}, seq_len={lens[i]}, block_size="
-                             f"{block_size}, block table width={block_tables.shape[1]}")
+    if len(starts) != num_seqs + 1 or starts[0] != 0 or block_tables.shape[0] != num_seqs:
+        raise ValueError(
+            f"{num_seqs} seq_lens need query_start_loc [0, ...] of {num_seqs + 1} entries and "
+            f"{num_seqs} block_tables rows, got {starts[:3]}... ({len(starts)}) and "
+            f"{block_tables.shape[0]}"
+        )
     block_tables = block_tables.to(torch.int64)
-    decode_ids, short_ids, single_ids = [], [], []
+    singles, alone, decode_ids, short_ids = [], [], [], []
     for i in range(num_seqs):
-        q_len = starts[i + 1] - starts[i]
+        q_len, seq_len = starts[i + 1] - starts[i], lens[i]
+        if not 0 <= q_len <= seq_len or -(-seq_len // block_size) > block_tables.shape[1]:
+            raise ValueError(
+                f"sequence {i}: q_len={q_len}, seq_len={seq_len}, block_size="
+                f"{block_size}, block table width={block_tables.shape[1]}"
+            )
+        causal = 1 < q_len == seq_len and (strategy == "loop" or q_len > PADDED_MAX_Q)
+        split = q_len < seq_len and q_len >= SPLIT_MIN_Q and _FLASH_CPU is not None
         if q_len == 0:
             continue
-        if strategy == "loop":
-            single_ids.append(i)
-        elif q_len == 1:
-            decode_ids.append(i)
-        elif strategy == "padded" or q_len <= PADDED_MAX_Q:
-            short_ids.append(i)
+        if strategy != "padded" and (causal or split):
+            block_ids = block_tables[i, : -(-seq_len // block_size)].contiguous()
+            singles.append(_Single(starts[i], starts[i + 1], seq_len, block_ids, split))
+        elif strategy == "loop" or (q_len > PADDED_MAX_Q and strategy == "auto"):
+            alone.append([i])
         else:
-            single_ids.append(i)
-    if strategy == "auto" and len(short_ids) == 1:
-        single_ids += short_ids  # a padded group of one only adds padding work
-        short_ids = []
-    num_tokens = starts[-1] - starts[0]
-    groups = [
-        _make_group(ids, starts, lens, block_tables, block_size, num_tokens)
-        for ids in (decode_ids, short_ids)
-        if ids
-    ]
-    singles = [_make_single(i, starts, lens, block_tables, block_size) for i in single_ids]
-    return PagedAttentionPlan(block_size, num_tokens, max(lens, default=0), singles, groups)
+            (decode_ids if q_len == 1 else short_ids).append(i)
+    units = alone + _split_by_keys(decode_ids, lens) + _split_by_keys(short_ids, lens)
+    groups = [_make_group(ids, starts, lens, block_tables, block_size, starts[-1]) for ids in units]
+    return PagedAttentionPlan(block_size, starts[-1], max(lens, default=0), singles, groups)
 
 
 def _attend_padded(query, key_cache, value_cache, g: _Padded, scale) -> torch.Tensor:
     """Attention of one padded group; returns [num_group_tokens, num_heads, head_dim]."""
     num_heads, head_dim = query.shape[1:]
     num_kv_heads = key_cache.shape[2]
+    group = num_heads // num_kv_heads
     shape = (g.num_seqs, -1, num_kv_heads, head_dim)
     keys = key_cache.index_select(0, g.block_ids).view(shape)[:, : g.max_len].transpose(1, 2)
     values = value_cache.index_select(0, g.block_ids).view(shape)[:, : g.max_len].transpose(1, 2)
     rows = query if g.identity else query.index_select(0, g.token_ids)
-    mask = _additive(g, query.dtype)
-    if g.max_q == 1:
-        # Fold the GQA group into the query axis: [S, Hkv, group, D] against [S, Hkv, L, D].
-        q = rows.reshape(g.num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
-        return out.reshape(g.num_seqs, num_heads, head_dim)
-    padded = rows.new_zeros(g.num_seqs * g.max_q, num_heads, head_dim)
-    padded.index_copy_(0, g.dest, rows)
-    q = padded.view(g.num_seqs, g.max_q, num_heads, head_dim).transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
-    )
-    return out.transpose(1, 2).reshape(-1, num_heads, head_dim).index_select(0, g.dest)
+    if g.dest is not None:
+        rows = rows.new_zeros(g.num_seqs * g.max_q, num_heads, head_dim).index_copy_(
+            0, g.dest, rows
+        )
+    # Fold the GQA group into the query axis: [S, Hkv, max_q * group, D] against [S, Hkv, L, D],
+    # rows ordered (t, g), so keys are never repeated per query head.
+    shape = (g.num_seqs, g.max_q, num_kv_heads, group, head_dim)
+    q = rows.reshape(shape).transpose(1, 2).reshape(g.num_seqs, num_kv_heads, -1, head_dim)
+    mask = _additive(g, query.dtype, group)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+    out = out.view(g.num_seqs, num_kv_heads, g.max_q, group, head_dim).transpose(1, 2)
+    out = out.reshape(-1, num_heads, head_dim)
+    return out if g.dest is None else out.index_select(0, g.dest)
 
 
 def _split_attention(q, keys, values, num_cached: int, scale) -> torch.Tensor:
@@ -216,28 +212,16 @@ def _split_attention(q, keys, values, num_cached: int, scale) -> torch.Tensor:
 
 
 def _attend_single(query, key_cache, value_cache, s: _Single, scale) -> torch.Tensor:
-    """Attention of one sequence; returns [q_len, num_heads, head_dim]."""
-    num_heads, head_dim = query.shape[1:]
-    num_kv_heads = key_cache.shape[2]
-    rows = query[s.q_start : s.q_end]
+    """Attention of one prefill chunk; returns [q_len, num_heads, head_dim]."""
     keys = key_cache.index_select(0, s.block_ids).flatten(0, 1)[: s.seq_len]
     values = value_cache.index_select(0, s.block_ids).flatten(0, 1)[: s.seq_len]
     keys, values = keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0)
-    if s.mode == "decode":
-        q = rows.reshape(1, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        return F.scaled_dot_product_attention(q, keys, values, scale=scale).view(1, -1, head_dim)
-    q = rows.transpose(0, 1).unsqueeze(0)
-    if s.mode == "split":
+    q = query[s.q_start : s.q_end].transpose(0, 1).unsqueeze(0)
+    if s.split:
         out = _split_attention(q, keys, values, s.seq_len - (s.q_end - s.q_start), scale)
     else:
         out = F.scaled_dot_product_attention(
-            q,
-            keys,
-            values,
-            attn_mask=_additive(s, query.dtype),
-            is_causal=s.mode == "causal",
-            scale=scale,
-            enable_gqa=True,
+            q, keys, values, is_causal=True, scale=scale, enable_gqa=True
         )
     return out[0].transpose(0, 1)
 
@@ -249,8 +233,10 @@ def paged_attention(
     if plan is None:
         plan = make_plan(block_tables, seq_lens, query_start_loc, key_cache.shape[1])
     if plan.block_size != key_cache.shape[1] or plan.num_tokens != query.shape[0]:
-        raise RuntimeError(f"plan built for block_size={plan.block_size}, num_tokens="
-                           f"{plan.num_tokens}; got {key_cache.shape[1]} and {query.shape[0]}")
+        raise RuntimeError(
+            f"plan built for block_size={plan.block_size}, num_tokens="
+            f"{plan.num_tokens}; got {key_cache.shape[1]} and {query.shape[0]}"
+        )
     if not plan.singles and len(plan.groups) == 1 and plan.groups[0].identity:
         return _attend_padded(query, key_cache, value_cache, plan.groups[0], scale)
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)

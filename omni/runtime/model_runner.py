@@ -59,10 +59,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """One 2-token forward into block 0 before serving, so that every per-token output the
-        stage returns is discovered (and its cache allocated) before any block is cached.
-        Block 0 is free and uncached now; whatever this writes is overwritten on allocation."""
-        entry = ScheduledRequest("__warm_up__", [0, 0], 0, [0], True, False, SamplingParams())
+        """One 2-token forward before serving, so that every per-token output the stage returns
+        is discovered (and its cache allocated) before any block is cached. The first blocks are
+        free and uncached now; whatever this writes is overwritten on allocation."""
+        block_ids = list(range(-(-2 // self.block_size)))
+        entry = ScheduledRequest("__warm_up__", [0, 0], 0, block_ids, True, False, SamplingParams())
         batch = self._pack([entry])
         outputs = self.model.forward(batch.model_inputs)
         self._requests.pop(entry.request_id, None)
