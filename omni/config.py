@@ -21,13 +21,13 @@ from omni.config_validate import (
     STAGE_NAME,
     FieldError,
     build,
-    check_graph,
     check_types,
     config_error,
     load_raw,
     one_of,
     read_model_config,
     require,
+    stage_order,
     stage_path,
     suggest,
 )
@@ -41,6 +41,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 KINDS = ("ar", "generation")
 BACKENDS = ("ray", "local")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+STAGE_CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "stage_configs")
+"""Where per-family pipelines live: stage_configs/<model_type>.yaml."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,7 @@ class OmniConfig:
         for name in names:
             if names.count(name) > 1:
                 raise config_error("stages", f"duplicate stage name {name!r}")
-        check_graph({s.name: s.inputs for s in self.stages})
+        stage_order(self._graph)
 
     def stage(self, name: str) -> StageConfig:
         """The stage called `name`."""
@@ -239,13 +241,11 @@ class OmniConfig:
 
     def topological_order(self) -> list[str]:
         """Stage names, every stage after all its inputs; ties keep config order."""
-        order: list[str] = []
-        pending = list(self.stages)
-        while pending:  # no cycles (checked at construction), so some stage is always ready
-            ready = next(s for s in pending if all(i in order for i in s.inputs))
-            order.append(ready.name)
-            pending.remove(ready)
-        return order
+        return stage_order(self._graph)
+
+    @property
+    def _graph(self) -> dict[str, tuple[str, ...]]:
+        return {s.name: s.inputs for s in self.stages}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (lists, not tuples) that load_config accepts and yaml.safe_dump writes."""
@@ -277,7 +277,8 @@ def load_config(
     raw = load_raw(source, overrides, dict(variables or {}))
     for key in raw:
         if key not in ("runtime", "stages"):
-            raise config_error(str(key), f"unknown key{suggest(str(key), ['runtime', 'stages'])}")
+            hint = suggest(str(key), ["runtime", "stages"])
+            raise ConfigError(f"unknown top-level key {key!r}{hint}")
     stages = raw.get("stages")
     if not isinstance(stages, list):
         raise config_error("stages", f"must be a list of stages, got {stages!r}")
@@ -295,13 +296,21 @@ def config_for_model(
     model_dir: str | os.PathLike[str],
     overrides: Mapping[str, object] | Sequence[str] | None = None,
 ) -> OmniConfig:
-    """A one-stage config (stage `llm`, adapter causal_lm) for a plain HF causal LM directory.
+    """The pipeline for a checkpoint directory: stage_configs/<model_type>.yaml (with variable
+    MODEL=model_dir) when the checkpoint's config.json names a model_type that has such a file,
+    else a one-stage config (stage `llm`, adapter causal_lm) for a plain HF causal LM.
 
-    max_model_len is capped at the checkpoint's max_position_embeddings: longer sequences would
-    run past the positions the model was built for.
+    For the causal-LM fallback, max_model_len is capped at the checkpoint's
+    max_position_embeddings: longer sequences would run past the positions the model was built for.
     """
     model_dir = os.path.abspath(os.path.expanduser(os.fspath(model_dir)))
-    limit = read_model_config(model_dir, "stages.llm.model").get("max_position_embeddings")
+    model_config = read_model_config(model_dir, "model")
+    model_type = model_config.get("model_type")
+    if isinstance(model_type, str) and STAGE_NAME.match(model_type):
+        family = os.path.join(STAGE_CONFIG_DIR, f"{model_type}.yaml")
+        if os.path.isfile(family):
+            return load_config(family, overrides, {"MODEL": model_dir})
+    limit = model_config.get("max_position_embeddings")
     stage: dict[str, Any] = {"name": "llm", "model": model_dir, "adapter": "causal_lm"}
     if type(limit) is int and 1 <= limit < EngineConfig().max_model_len:
         stage["engine"] = {"max_model_len": limit}

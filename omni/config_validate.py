@@ -5,6 +5,7 @@ stage graph and resource checks. Torch-free: `omni validate` runs it without any
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -21,7 +22,7 @@ from typing import Any
 import yaml
 
 STAGE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # no dots: names are override path parts
-_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _EPS = 1e-6  # fractional resource requests (0.1 * 3) must not fail on rounding
 
 
@@ -78,31 +79,18 @@ def _coerce(value: Any, hint: Any) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         for arg in args:
-            try:
+            with contextlib.suppress(_Mismatch):
                 return _coerce(value, arg)
-            except _Mismatch:
-                pass
-    elif (
-        hint is type(None)
-        and value is None
-        or hint is str
-        and isinstance(value, str)
-        or hint is bool
-        and isinstance(value, bool)
-    ):
-        return value
-    elif isinstance(value, bool):  # a subclass of int, but `num_blocks: true` is never a count
-        pass
-    elif hint is int and isinstance(value, int):
-        return value
-    elif hint is float and isinstance(value, int | float) and math.isfinite(value):
-        return float(value)
     elif origin is tuple and isinstance(value, list | tuple):
         return tuple(_coerce(v, args[0]) for v in value)
     elif origin is dict and isinstance(value, Mapping):
         return {_coerce(k, args[0]): _coerce(v, args[1]) for k, v in value.items()}
-    elif dataclasses.is_dataclass(hint) and isinstance(value, hint):
-        return value
+    elif origin is None and not (isinstance(value, bool) and hint is not bool):
+        # bool is an int subclass, but `num_blocks: true` is a mistake, never a count.
+        if hint is float and isinstance(value, int | float) and math.isfinite(value):
+            return float(value)
+        if hint is not float and isinstance(value, hint):
+            return value
     raise _Mismatch
 
 
@@ -111,11 +99,15 @@ def _describe(hint: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe(a) for a in args)
     if origin is tuple:
-        return f"a list of {_describe(args[0]).split(' ', 1)[1]}s"
+        return f"a list of {_plural(args[0])}"
     if origin is dict:
-        return f"a mapping of {_describe(args[0])} to {_describe(args[1])}"
+        return f"a mapping from {_plural(args[0])} to {_plural(args[1])}"
     names = {bool: "a boolean", int: "an integer", float: "a finite number", str: "a string"}
-    return "null" if hint is type(None) else names.get(hint, f"a {hint.__name__} mapping")
+    return "null" if hint is type(None) else names.get(hint, f"a mapping of {hint.__name__} keys")
+
+
+def _plural(hint: Any) -> str:
+    return _describe(hint).split(" ", 1)[1] + "s"
 
 
 def coerce_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,12 +170,9 @@ def stage_path(index: int, data: Any) -> str:
 # ---- raw loading ------------------------------------------------------------------------------
 
 
-def load_raw(
-    source: str | os.PathLike[str] | Mapping[str, Any],
-    overrides: Mapping[str, object] | Sequence[str] | None,
-    variables: Mapping[str, str],
-) -> dict[str, Any]:
-    """The source as plain data with variables substituted, overrides merged, models absolute."""
+def load_raw(source: Any, overrides: Any, variables: Mapping[str, str]) -> dict[str, Any]:
+    """load_config's source as plain data: variables substituted, overrides merged, models
+    absolute."""
     if isinstance(source, Mapping):
         raw: Any = copy.deepcopy(dict(source))
     else:
@@ -208,27 +197,26 @@ def load_raw(
 
 
 def _substitute(data: Any, variables: Mapping[str, str], path: str) -> Any:
-    """${NAME} replaced in every string; `$${` stands for a literal `${`."""
+    """${NAME} replaced in every string (there is no escape: no config value needs a `${`)."""
     if isinstance(data, str):
 
         def replace(m: re.Match[str]) -> str:
-            if m[1] is None:
-                return "${"
             if m[1] not in variables:
                 known = ", ".join(sorted(variables)) or "none"
                 raise config_error(
                     path, f"undefined variable ${{{m[1]}}} in {data!r}; defined: {known}"
                 )
-            return os.fspath(variables[m[1]])
+            value = variables[m[1]]
+            return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
 
         return _VAR.sub(replace, data)
     if isinstance(data, Mapping):
         return {k: _substitute(v, variables, f"{path}.{k}".lstrip(".")) for k, v in data.items()}
     if isinstance(data, list):
-        label = (
-            (lambda i, v: stage_path(i, v)) if path == "stages" else (lambda i, v: f"{path}[{i}]")
-        )
-        return [_substitute(v, variables, label(i, v)) for i, v in enumerate(data)]
+        paths = [
+            stage_path(i, v) if path == "stages" else f"{path}[{i}]" for i, v in enumerate(data)
+        ]
+        return [_substitute(v, variables, p) for p, v in zip(paths, data, strict=True)]
     return data
 
 
@@ -298,9 +286,7 @@ def read_model_config(model_dir: str, path: str) -> dict[str, Any]:
         with open(config_json, encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
-        raise config_error(
-            path, f"{model_dir!r} has no config.json (not an HF checkpoint)"
-        ) from None
+        raise config_error(path, f"{model_dir!r} has no config.json (no HF checkpoint)") from None
     except (OSError, ValueError) as e:
         raise config_error(path, f"cannot read {config_json!r}: {e}") from None
     if not isinstance(data, dict):
@@ -311,37 +297,34 @@ def read_model_config(model_dir: str, path: str) -> dict[str, Any]:
 # ---- the stage graph and resources ------------------------------------------------------------
 
 
-def check_graph(inputs: Mapping[str, Sequence[str]]) -> None:
-    """Dangling inputs, cycles and more than one final stage, in the graph name -> inputs."""
+def stage_order(inputs: Mapping[str, Sequence[str]]) -> list[str]:
+    """Stage names, each after all its inputs (ties keep config order); checks the graph.
+
+    Rejects dangling inputs, cycles (named) and more than one final stage.
+    """
     for name, upstreams in inputs.items():
         for upstream in upstreams:
             if upstream not in inputs:
                 hint = suggest(upstream, inputs)
                 raise config_error(f"stages.{name}.inputs", f"unknown stage {upstream!r}{hint}")
-    state: dict[str, str] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> None:
-        state[node] = "open"
-        stack.append(node)
-        for upstream in inputs[node]:
-            if state.get(upstream) == "open":
-                # The stack runs against the data flow (consumer first): print it reversed.
-                flow = " -> ".join(reversed([*stack[stack.index(upstream) :], upstream]))
-                raise config_error(f"stages.{upstream}.inputs", f"cycle {flow}")
-            if upstream not in state:
-                visit(upstream)
-        state[stack.pop()] = "done"
-
-    for name in inputs:
-        if name not in state:
-            visit(name)
+    order: list[str] = []
+    pending = list(inputs)
+    while ready := [n for n in pending if all(i in order for i in inputs[n])][:1]:
+        order.append(ready[0])
+        pending.remove(ready[0])
+    if pending:  # each stage left waits on another one left: walk upstream until one repeats
+        walk = [pending[0]]
+        while walk.count(walk[-1]) < 2:
+            walk.append(next(i for i in inputs[walk[-1]] if i in pending))
+        cycle = walk[walk.index(walk[-1]) :][::-1]  # printed in data-flow direction
+        raise config_error(f"stages.{cycle[0]}.inputs", f"cycle {' -> '.join(cycle)}")
     # One sink gives OmniOutput.final a single meaning; with several the pipeline would have to
     # guess which result the user wants, so such configs are rejected instead.
     sinks = [n for n in inputs if not any(n in ups for ups in inputs.values())]
     if len(sinks) > 1:
         names = ", ".join(repr(n) for n in sinks)
         raise config_error("stages", f"several final stages (no stage consumes them): {names}")
+    return order
 
 
 def check_resources(config: Any, nodes: list[dict[str, float]]) -> None:
@@ -363,9 +346,8 @@ def check_resources(config: Any, nodes: list[dict[str, float]]) -> None:
             best = max((n.get(key, 0.0) for n in nodes), default=0.0)
             if best + _EPS < amount:
                 where = f"stages.{stage.name}.resources.{field.get(key, 'custom.' + key)}"
-                raise config_error(
-                    where, f"requests {key}={amount:g}, the largest node has {best:g}"
-                )
+                msg = f"requests {key}={amount:g} but the largest node has {key}={best:g}"
+                raise config_error(where, msg)
         wanted = ", ".join(f"{k}={v:g}" for k, v in demand.items())
         raise config_error(f"stages.{stage.name}.resources", f"no single node has all of {wanted}")
     for key, amount in totals.items():

@@ -20,8 +20,27 @@ ADAPTERS: dict[str, object] = {}
 
 # Built-ins live in stages/*.py, which import torch; they are listed here so that config
 # validation knows their names before (and without) importing them.
-_LAZY_ADAPTERS: dict[str, str] = {"causal_lm": "stages.causal_lm:CausalLMAdapter"}
-_LAZY_INPUT_PROCESSORS: dict[str, str] = {}
+_LAZY_ADAPTERS: dict[str, str] = {
+    "causal_lm": "stages.causal_lm:CausalLMAdapter",
+    "embeds_lm": "stages.two_stage:EmbedsLMAdapter",
+    "qwen2_5_omni_thinker": "stages.qwen2_5_omni.thinker:OmniThinkerAdapter",
+    "qwen2_5_omni_talker": "stages.qwen2_5_omni.talker:OmniTalkerAdapter",
+    "qwen2_5_omni_token2wav": "stages.qwen2_5_omni.token2wav:OmniToken2WavAdapter",
+}
+_LAZY_INPUT_PROCESSORS: dict[str, str] = {
+    "hidden_to_embeds": "stages.two_stage:hidden_to_embeds",
+    "thinker_to_talker": "stages.qwen2_5_omni.processors:thinker_to_talker",
+    "thinker_to_talker_unmasked": "stages.qwen2_5_omni.processors:thinker_to_talker_unmasked",
+    "talker_to_token2wav": "stages.qwen2_5_omni.processors:talker_to_token2wav",
+}
+
+
+# Root-stage prompt processors by adapter name (user prompt -> PromptInput); "module:attr".
+_LAZY_PROMPT_PROCESSORS: dict[str, str] = {
+    "causal_lm": "omni.inputs:PromptProcessor",
+    "qwen2_5_omni_thinker": "stages.qwen2_5_omni.processor:OmniPromptProcessor",
+}
+_DEFAULT_PROMPT_PROCESSOR = "omni.inputs:PromptProcessor"
 
 
 def _register(table: dict[str, Any], kind: str, name: str, obj: Any) -> None:
@@ -78,6 +97,16 @@ def get_input_processor(name: str) -> Callable[..., Any]:
 def get_adapter(name: str) -> Any:
     """The adapter class registered as `name` (imported on first use)."""
     return _lookup(ADAPTERS, _LAZY_ADAPTERS, "adapter", name)
+
+
+def get_prompt_processor(adapter_name: str) -> Any:
+    """The prompt processor class for a root stage's adapter: call it as ``cls(model_dir)``, then
+    ``processor(request_id, prompt) -> PromptInput``. Adapters without an entry take text only
+    (omni.inputs.PromptProcessor)."""
+    module_name, _, attr = _LAZY_PROMPT_PROCESSORS.get(
+        adapter_name, _DEFAULT_PROMPT_PROCESSOR
+    ).partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def known_input_processors() -> list[str]:

@@ -19,7 +19,8 @@ import torch
 
 # gain for hidden matrices: >1 makes attention scores and MLP activations less uniform.
 HIDDEN_GAIN = 1.5
-# logit std of the LM head (measured median top-1 margin is about 1 logit unit, see report).
+# Logit std of the LM head. Measured over 800 greedy steps (8 prompts x 100) on the tiny models:
+# top-1/top-2 margin min 2.5e-3..3e-3, median 0.8..0.9; bench: min 1.3e-3, median 0.7..0.9.
 LOGIT_STD = 4.0
 BIAS_STD = 0.1
 

@@ -22,19 +22,24 @@ _SPLIT_REGEX = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-_FIRST = (
+
+def _w(text: str) -> list[str]:
+    return text.split()
+
+
+_FIRST = _w(
     "John Jane Alice Bob Carol Dave Emma Frank Grace Henry Irene Jack Karen Leo Mia Noah Olivia "
     "Peter Quinn Rachel Steve Tina Umar Victor Wendy Xavier Yara Zack Amy Ben Chloe Daniel Eva "
     "Felix Hana Ivan Julia Kevin Laura Marco Nina Oscar Paula Ravi Sara Tom Uma Vera Will Zoe"
-).split()
-_LAST = (
+)
+_LAST = _w(
     "Doe Smith Johnson Brown White Green Black Blue Yellow Violet Orange Indigo Red Gray Silver "
     "Gold Stone River Hill Wood Field Lake Moore Clark Lewis Walker Young King Wright Scott"
-).split()
-_JOBS = (
+)
+_JOBS = _w(
     "Engineer Doctor Teacher Artist Scientist Lawyer Musician Chef Nurse Pilot Writer Farmer "
     "Designer Manager Student Baker Driver Dentist Architect Editor"
-).split()
+)
 _PLACES = [
     ("USA", "Springfield"), ("USA", "New York"), ("USA", "Boston"), ("USA", "Seattle"),
     ("Canada", "Toronto"), ("Canada", "Vancouver"), ("Canada", "Ottawa"), ("UK", "London"),
@@ -43,7 +48,7 @@ _PLACES = [
     ("Ireland", "Cork"), ("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Tokyo"),
     ("Brazil", "Rio"),
 ]  # fmt: skip
-_STREETS = "Elm Oak Pine Maple Birch Cedar Ash Spruce Fir Willow Poplar Main".split()
+_STREETS = _w("Elm Oak Pine Maple Birch Cedar Ash Spruce Fir Willow Poplar Main")
 _SENTENCES = [
     "You are a helpful assistant that reads tables in markdown format.",
     "Here is a table as follows.",
@@ -56,7 +61,7 @@ _SENTENCES = [
     "Once upon a time there was a small model that could only say a few words.",
 ]
 # Common English words for filler sentences: enough distinct words that BPE can learn ~2k merges.
-_WORDS = (
+_WORDS = _w(
     "the of and to in is was that for on are with as his they be at one have this from or had "
     "by hot word but what some we can out other were all there when up use your how said an each "
     "she which do their time if will way about many then them write would like so these her long "
@@ -87,8 +92,8 @@ _WORDS = (
     "stay wheel full force blue object decide surface deep moon island foot system busy test "
     "record boat common gold possible plane stead dry wonder laugh thousand ago ran check game "
     "shape equate miss brought heat snow tire bring yes distant fill east paint language among"
-).split()
-_SYLLABLES = "ka ri to ne sa mo lu vi da pe zo ha ki ra mi no be tu sho gan lin mar el an".split()
+)
+_SYLLABLES = _w("ka ri to ne sa mo lu vi da pe zo ha ki ra mi no be tu sho gan lin mar el an")
 _QUESTIONS = [
     "What is the age of {name}?",
     "Where does {name} live?",
@@ -113,10 +118,14 @@ def corpus(num_rows: int = 2000, seed: int = 1234) -> list[str]:
         email = f"{first.lower()}.{last[0].lower()}@example.com"
         phone = f"555-{rng.randint(0, 9999):04d}"
         street = f"{rng.randint(100, 999)} {rng.choice(_STREETS)} St, {city}"
-        lines.append(
-            f"| {i} | {name} | {age} | {rng.choice(_JOBS)} | {country} | {email} | {phone} "
-            f"| {street} |"
-        )
+        cells = [str(i), name, str(age), rng.choice(_JOBS), country, email, phone, street]
+        if i % 2:
+            # Column-aligned tables (padding spaces, long dash rules) as LLM-written markdown has.
+            widths = [rng.randint(len(c), len(c) + 8) for c in cells]
+            cells = [c.ljust(w) for c, w in zip(cells, widths, strict=True)]
+            if i % 10 == 1:
+                lines.append("| " + " | ".join("-" * w for w in widths) + " |")
+        lines.append("| " + " | ".join(cells) + " |")
         q = rng.choice(_QUESTIONS).format(name=name, other=f"{rng.choice(_FIRST)} Doe")
         lines.append(f"Question: {q}\nAnswer: {name} is {age} years old and lives in {city}.")
         if i % 7 == 0:

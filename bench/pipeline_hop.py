@@ -1,0 +1,103 @@
+"""One stage-to-stage hop of per-token hidden states through Ray's object store, actor to actor.
+
+The sender actor `ray.put`s a [rows, D] float32 tensor (put, timed in the sender); the receiver
+actor gets the ObjectRef (nested in a list, so Ray does not resolve it for it) and turns it into a
+torch tensor (get, timed in the receiver). Three encodings:
+
+  torch pickled   the torch tensor itself: pickled into a byte string, unpickled (copied) again
+  numpy view      omni.transport.WireTensor, unpack(copy=False): zero-copy read-only view
+  numpy + copy    omni.transport.WireTensor, unpack(copy=True): what omni does (one memcpy)
+
+hop = put + get; GB/s = bytes / hop. Best of --repeats hops (fresh objects each time): on a shared
+machine the minimum is the least noisy estimate. Also the driver-side round trip of an empty
+actor call (task latency). Timings vary with machine load: compare rows of one run only.
+
+    .venv/bin/python bench/pipeline_hop.py [--dim 896] [--rows 1024 4096 16384 32768]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import ray
+
+MODES = ("torch pickled", "numpy view", "numpy + copy")
+
+
+@ray.remote(num_cpus=0.5)
+class Sender:
+    def put(self, rows: int, dim: int, mode: str) -> tuple[float, list]:
+        import torch
+
+        from omni.transport import WireTensor
+
+        tensor = torch.randn(rows, dim)
+        payload = tensor if mode == "torch pickled" else WireTensor.pack(tensor)
+        start = time.perf_counter()
+        ref = ray.put(payload)
+        return time.perf_counter() - start, [ref]
+
+
+@ray.remote(num_cpus=0.5)
+class Receiver:
+    def get(self, refs: list, mode: str) -> tuple[float, float]:
+        start = time.perf_counter()
+        payload = ray.get(refs[0])
+        tensor = payload if mode == "torch pickled" else payload.unpack(copy=mode == "numpy + copy")
+        elapsed = time.perf_counter() - start
+        return elapsed, float(tensor[-1, -1])  # touch the data
+
+    def ping(self, refs: list) -> int:
+        return len(refs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dim", type=int, default=896)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    temp_dir = tempfile.mkdtemp(prefix="omni-bench-", dir="/tmp")
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, logging_level="WARNING")
+    try:
+        sender, receiver = Sender.remote(), Receiver.remote()
+        ray.get([receiver.ping.remote([]), sender.put.remote(1, 1, "numpy view")], timeout=120)
+        rtt = []
+        for _ in range(20):
+            start = time.perf_counter()
+            ray.get(receiver.ping.remote([]), timeout=60)
+            rtt.append(time.perf_counter() - start)
+        print(f"empty actor call round trip: {statistics.median(rtt) * 1e3:.2f} ms (median of 20)")
+        print(f"hidden states [rows, {args.dim}] float32, best of {args.repeats} hops\n")
+        header = f"{'rows':>6} {'MB':>7}  {'encoding':<14} {'put ms':>8} {'get ms':>8} "
+        print(header + f"{'hop ms':>8} {'GB/s':>6}")
+        for rows in args.rows:
+            mb = rows * args.dim * 4 / 1e6
+            for mode in MODES:
+                puts, gets = [], []
+                for _ in range(args.repeats):
+                    put_s, refs = ray.get(sender.put.remote(rows, args.dim, mode), timeout=120)
+                    get_s, _ = ray.get(receiver.get.remote(refs, mode), timeout=120)
+                    puts.append(put_s)
+                    gets.append(get_s)
+                    del refs  # frees the object before the next one
+                put, get = min(puts), min(gets)
+                print(
+                    f"{rows:>6} {mb:>7.1f}  {mode:<14} {put * 1e3:>8.2f} {get * 1e3:>8.2f} "
+                    f"{(put + get) * 1e3:>8.2f} {mb / 1e3 / (put + get):>6.2f}"
+                )
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

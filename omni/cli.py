@@ -1,0 +1,191 @@
+"""The `omni` command line.
+
+    omni run CONFIG --prompt TEXT [--image PATH ...] [--set KEY=VALUE ...] [--var NAME=VALUE ...]
+             [--model DIR] [--max-tokens N] [--output-wav PATH]
+    omni validate CONFIG [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--model DIR]
+
+`--model DIR` is `--var MODEL=DIR` (configs say `model: ${MODEL}/thinker`). `--set` overrides any
+config key by its path, stages by name: `--set stages.thinker.engine.num_blocks=512`
+(values parse as YAML). `validate` is torch-free (only omni.config) and exits with status 2 and
+the message on a bad config; `run` does the same before loading any model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from omni.config import ConfigError, OmniConfig, load_config
+
+EXIT_CONFIG = 2
+EXIT_FAILED = 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omni", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def config_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config", help="stage-config YAML file")
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config key (repeatable)",
+        )
+        p.add_argument(
+            "--var",
+            dest="variables",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="define ${NAME} in the config (repeatable)",
+        )
+        p.add_argument("--model", metavar="DIR", help="checkpoint directory: sets ${MODEL}")
+
+    run = commands.add_parser("run", help="run one prompt through the pipeline")
+    config_args(run)
+    run.add_argument("--prompt", required=True, help="the text prompt")
+    run.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="an image for the prompt (repeatable; multimodal root stages)",
+    )
+    run.add_argument(
+        "--max-tokens", type=int, metavar="N", help="sampling.max_tokens of every stage"
+    )
+    run.add_argument(
+        "--output-wav", metavar="PATH", help="write the final stage's audio (16-bit PCM WAV)"
+    )
+
+    validate = commands.add_parser("validate", help="check a config and print its stage graph")
+    config_args(validate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = _load(args)
+    except ConfigError as e:
+        print(f"omni: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.command == "validate":
+        print(summary(config))
+        return 0
+    return _run(args, config)
+
+
+def _load(args: argparse.Namespace) -> OmniConfig:
+    variables: dict[str, str] = {}
+    for item in args.variables:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--var expects NAME=VALUE, got {item!r}")
+        variables[name] = value
+    if args.model is not None:
+        variables["MODEL"] = args.model
+    overrides = list(args.overrides)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+    if getattr(args, "max_tokens", None) is not None:
+        # Stage names are only known after a first load; the override then covers every stage.
+        names = load_config(args.config, overrides, variables).stage_names
+        overrides += [f"stages.{name}.sampling.max_tokens={args.max_tokens}" for name in names]
+    return load_config(args.config, overrides, variables)
+
+
+def summary(config: OmniConfig) -> str:
+    """The stages, in topological order, and the edges of a config."""
+    runtime = config.runtime
+    where = (
+        (runtime.address or "a local Ray instance") if runtime.backend == "ray" else "in-process"
+    )
+    lines = [f"backend: {runtime.backend} ({where}); {len(config.stages)} stage(s)"]
+    for name in config.topological_order():
+        s = config.stage(name)
+        e, r = s.engine, s.resources
+        caching = (
+            "prefix+output caching"
+            if e.outputs_cached
+            else ("prefix caching" if e.enable_prefix_caching else "no caching")
+        )
+        custom = "".join(f", {k}={v:g}" for k, v in r.custom.items())
+        lines.append(f"  stage {name}: {s.kind} {s.adapter} model={s.model}")
+        lines.append(
+            f"    engine: {e.num_blocks} blocks x {e.block_size} tokens, {caching}, "
+            f"{e.dtype}; resources: cpus={r.num_cpus:g}, gpus={r.num_gpus:g}{custom}"
+        )
+    edges = [f"  {up} -> {s.name} ({s.input_processor})" for s in config.stages for up in s.inputs]
+    lines.append("edges:" if edges else "edges: none")
+    lines.extend(edges)
+    roots = ", ".join(s.name for s in config.root_stages)
+    lines.append(f"root stage(s): {roots}; final stage: {config.final_stage.name}")
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace, config: OmniConfig) -> int:
+    from omni.pipeline import Omni
+
+    prompt: dict[str, Any] = {"prompt": args.prompt}
+    if args.image:
+        prompt["images"] = list(args.image)
+    try:
+        with Omni(config) as omni:
+            (output,) = omni.generate([prompt], use_tqdm=False)
+    except ConfigError as e:  # e.g. the stages do not fit the Ray cluster's resources
+        print(f"omni: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ValueError as e:  # a bad prompt (e.g. images for a text-only root stage)
+        print(f"omni: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for name in config.topological_order():
+        result = output.stages.get(name)
+        if result is None:
+            continue
+        print(
+            f"[{name}] {len(result.token_ids)} tokens, {result.num_cached_tokens} cached "
+            f"prompt tokens, {result.timings.get('latency_s', 0.0):.3f} s"
+        )
+        if result.text is not None:
+            print(f"[{name}] text: {result.text!r}")
+    if output.error is not None:
+        print(f"omni: request failed: {output.error}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.output_wav:
+        final = output.final
+        if final.audio is None or final.sample_rate is None:
+            print(
+                f"omni: --output-wav: the final stage {final.stage!r} produced no audio",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        write_wav(args.output_wav, final.audio, final.sample_rate)
+        print(f"wrote {args.output_wav}")
+    return 0
+
+
+def write_wav(path: str, audio: Any, sample_rate: int) -> None:
+    """Mono 16-bit PCM from float samples in [-1, 1] (values outside are clipped)."""
+    import wave
+
+    import numpy as np
+
+    samples = np.asarray(audio.detach().cpu() if hasattr(audio, "detach") else audio)
+    pcm = (np.clip(samples.astype(np.float32).reshape(-1), -1.0, 1.0) * 32767).astype("<i2")
+    with wave.open(path, "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(int(sample_rate))
+        f.writeframes(pcm.tobytes())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

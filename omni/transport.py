@@ -1,0 +1,109 @@
+"""torch <-> numpy at the Ray actor boundary, so per-token tensors cross the object store zero-copy.
+
+Ray serializes numpy arrays (also nested inside dataclasses and dicts) out of band: a reader on the
+same node maps them straight from shared memory, read-only. torch tensors are pickled instead,
+which copies them through a byte string on both ends (about 4x slower, see bench/pipeline_hop.py).
+So every tensor in a message is replaced by a `WireTensor` (a numpy array plus the torch dtype)
+before `ray.put`, and turned back into a torch tensor on arrival.
+
+On arrival the array is copied once (`np.array(...)`): the copy is writable, owned by the receiver,
+and does not pin the sender's object in the object store for as long as the tensor lives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni.outputs import StageInput, StageResult
+from omni.stage_client import RoutedInput
+
+# numpy has no bfloat16: such tensors travel as their raw 16-bit patterns.
+_RAW_VIEW = {torch.bfloat16: torch.int16}
+
+
+@dataclass
+class WireTensor:
+    """A torch tensor in transit: its data as a numpy array and its torch dtype's name."""
+
+    array: np.ndarray
+    dtype: str
+
+    @classmethod
+    def pack(cls, tensor: torch.Tensor) -> WireTensor:
+        tensor = tensor.detach().cpu().contiguous()
+        raw = _RAW_VIEW.get(tensor.dtype)
+        array = tensor.view(raw).numpy() if raw is not None else tensor.numpy()
+        return cls(array, str(tensor.dtype).removeprefix("torch."))
+
+    def unpack(self, copy: bool = True) -> torch.Tensor:
+        # copy=False keeps the zero-copy view (read-only memory: the caller must not write to it).
+        array = np.array(self.array, copy=True) if copy else self.array
+        tensor = torch.from_numpy(array) if copy else _readonly_view(array)
+        dtype = getattr(torch, self.dtype)
+        return tensor.view(dtype) if dtype in _RAW_VIEW else tensor
+
+
+def _readonly_view(array: np.ndarray) -> torch.Tensor:
+    import warnings
+
+    with warnings.catch_warnings():
+        # torch warns that the array is not writable; the caller has promised not to write.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+def pack(value: Any) -> Any:
+    """Every torch tensor inside dicts, lists and tuples replaced by a WireTensor."""
+    if isinstance(value, torch.Tensor):
+        return WireTensor.pack(value)
+    if isinstance(value, dict):
+        return {k: pack(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(pack(v) for v in value)
+    return value
+
+
+def unpack(value: Any, copy: bool = True) -> Any:
+    """The inverse of `pack`: every WireTensor back to a torch tensor."""
+    if isinstance(value, WireTensor):
+        return value.unpack(copy)
+    if isinstance(value, dict):
+        return {k: unpack(v, copy) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(unpack(v, copy) for v in value)
+    return value
+
+
+def pack_result(result: StageResult) -> StageResult:
+    return dataclasses.replace(result, tensors=pack(result.tensors), audio=pack(result.audio))
+
+
+def unpack_result(result: StageResult, copy: bool = True) -> StageResult:
+    return dataclasses.replace(
+        result, tensors=unpack(result.tensors, copy), audio=unpack(result.audio, copy)
+    )
+
+
+def light_result(result: StageResult) -> StageResult:
+    """The result without its tensors: what the driver needs to route (ids, tokens, errors)."""
+    return dataclasses.replace(result, tensors={}, audio=None)
+
+
+def pack_input(item: StageInput | RoutedInput) -> StageInput | RoutedInput:
+    """Tensors of a stage's input (root extras, or the original prompt's) as WireTensors."""
+    if isinstance(item, StageInput):
+        return dataclasses.replace(item, extras=pack(item.extras))
+    prompt = dataclasses.replace(item.prompt, extras=pack(item.prompt.extras))
+    return dataclasses.replace(item, prompt=prompt)
+
+
+def unpack_input(item: StageInput | RoutedInput) -> StageInput | RoutedInput:
+    if isinstance(item, StageInput):
+        return dataclasses.replace(item, extras=unpack(item.extras))
+    prompt = dataclasses.replace(item.prompt, extras=unpack(item.prompt.extras))
+    return dataclasses.replace(item, prompt=prompt)

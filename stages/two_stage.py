@@ -1,0 +1,102 @@
+"""A generic two-stage pipeline: causal LM A's hidden states become causal LM B's prompt embeds.
+
+Edge `hidden_to_embeds` (A -> B): B's prompt token ids are the tokens A fed through its model
+(A's prompt + A's generated tokens except the last, whose hidden state was never computed), so
+they align 1:1 with the rows of A's tensors["hidden_states"]; those rows travel as
+extras["prompt_embeds"].
+
+Adapter `embeds_lm` (B): every fed token at a position < len(prompt_embeds) is embedded as the
+projected upstream row; later positions (B's own generated tokens) use B's token embedding. The
+projection from A's hidden size D_A to B's D_B is fixed and seeded, not learned:
+W = randn(D_A, D_B, seed=PROJECTION_SEED) * rms(B's token embeddings) / sqrt(D_A), so projected
+rows have about the scale of B's own embeddings. Any process builds the same W.
+
+Prefix caching in B keys on its prompt token ids (plus cache salt and A's multimodal hashes),
+not on the embeddings, which is sound because A is causal: A's hidden state at position i is a
+function of A's tokens 0..i (and of the multimodal items and salt those tokens carry), so equal
+token prefixes imply equal embedding prefixes. This holds as long as A's weights and sampling
+are fixed for the lifetime of B's cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omni.inputs import PromptInput
+from omni.outputs import StageInput, StageResult
+from omni.runtime.stage_model import ModelInputs, ModelOutputs
+from stages.causal_lm import CausalLMAdapter
+from stages.registry import register_adapter, register_input_processor
+
+PROJECTION_SEED = 1234
+EMBEDS_KEY = "prompt_embeds"
+
+
+@register_input_processor("hidden_to_embeds")
+def hidden_to_embeds(upstream: dict[str, StageResult], prompt: PromptInput) -> StageInput:
+    if len(upstream) != 1:
+        raise ValueError(f"expects exactly one upstream stage, got {sorted(upstream)}")
+    (result,) = upstream.values()
+    hidden = result.tensors.get("hidden_states")
+    if hidden is None:
+        raise ValueError(f"stage {result.stage!r} produced no hidden_states")
+    fed = list(result.prompt_token_ids) + list(result.token_ids[:-1])
+    if hidden.dim() != 2 or hidden.shape[0] != len(fed):
+        raise ValueError(
+            f"hidden_states of shape {tuple(hidden.shape)} do not align with the "
+            f"{len(fed)} tokens stage {result.stage!r} fed"
+        )
+    return StageInput(
+        request_id=result.request_id,
+        prompt_token_ids=fed,
+        mm_inputs=tuple(prompt.mm_inputs),  # A's multimodal hashes key B's prefix cache too
+        cache_salt=prompt.cache_salt,
+        extras={EMBEDS_KEY: hidden},
+    )
+
+
+@register_adapter("embeds_lm")
+class EmbedsLMAdapter(CausalLMAdapter):
+    def __init__(self, model_dir: str, *, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(model_dir, dtype=dtype)
+        self._projections: dict[int, torch.Tensor] = {}  # upstream hidden size -> W
+
+    def projection(self, upstream_dim: int) -> torch.Tensor:
+        if upstream_dim not in self._projections:
+            generator = torch.Generator().manual_seed(PROJECTION_SEED)
+            w = torch.randn(upstream_dim, self.hidden_size, generator=generator)
+            table = self.model.get_input_embeddings().weight.float()
+            scale = table.pow(2).mean().sqrt() / upstream_dim**0.5
+            self._projections[upstream_dim] = (w * scale).to(self.dtype)
+        return self._projections[upstream_dim]
+
+    def check_inputs(self, stage_input: StageInput) -> None:
+        """ValueError (failing this request alone) unless prompt_embeds fits the prompt."""
+        embeds = stage_input.extras.get(EMBEDS_KEY)
+        if embeds is None:
+            return
+        n = len(stage_input.prompt_token_ids)
+        if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 or embeds.shape[0] != n:
+            shape = tuple(embeds.shape) if isinstance(embeds, torch.Tensor) else type(embeds)
+            raise ValueError(f"{EMBEDS_KEY} must be a [{n}, D] tensor, got {shape}")
+
+    def forward(self, inputs: ModelInputs) -> ModelOutputs:
+        embeds = self.model.get_input_embeddings()(inputs.input_ids)
+        starts = inputs.attn.query_start_loc.tolist()
+        for i, entry in enumerate(inputs.scheduled):
+            upstream = inputs.request_extras.get(entry.request_id, {}).get(EMBEDS_KEY)
+            if upstream is None:
+                continue
+            lo, hi = starts[i], starts[i + 1]
+            positions = inputs.positions[lo:hi]
+            use = positions < upstream.shape[0]
+            if bool(use.any()):
+                rows = upstream[positions[use]].to(self.dtype)
+                embeds[lo:hi][use] = rows @ self.projection(upstream.shape[1])
+        out = self.model.model(
+            inputs_embeds=embeds.unsqueeze(0),
+            position_ids=inputs.positions.unsqueeze(0),
+            use_cache=False,
+            omni_attn=inputs.attn,
+        )
+        return ModelOutputs(hidden_states=out.last_hidden_state[0])

@@ -1,0 +1,76 @@
+"""Engine-level input validation and seeded sampling."""
+
+import pytest
+from helpers import make_engine, run_engine
+
+from omni.core.sampling_params import SamplingParams
+from omni.outputs import StageInput
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine(qwen2_dir):
+    return make_engine(qwen2_dir, block_size=4, num_blocks=64, max_model_len=200)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "match"),
+    [
+        (list(range(3, 204)), None, r"prompt of 201 tokens is longer than max_model_len=200"),
+        ([], None, "prompt_token_ids is empty"),
+        ([5, 999_999], None, r"token id 999999 is outside the vocabulary of \d+"),
+        ([5, -1], None, r"prompt_token_ids\[1\] = -1 is negative"),
+        ([5, 6], {"max_tokens": 0}, "SamplingParams.max_tokens"),
+        ([5, 6], {"temperature": -1.0}, "SamplingParams.temperature"),
+        ([5, 6], {"top_p": 0.0}, "SamplingParams.top_p"),
+        ([5, 6], {"top_p": 1.01}, "SamplingParams.top_p"),
+    ],
+)
+def test_bad_input_is_rejected_and_others_continue(engine, prompt, params, match):
+    good = StageInput("good", [5, 6, 7, 8, 9], SamplingParams(max_tokens=3))
+    engine.add_request(good)
+    with pytest.raises(ValueError, match=match):
+        engine.add_request(StageInput("bad", prompt, SamplingParams(**params) if params else SamplingParams()))
+    results = engine.run_until_done()
+    assert [r.request_id for r in results] == ["good"] and len(results[0].token_ids) == 3
+    assert not engine.has_unfinished
+
+
+def test_pool_too_small_for_the_request(qwen2_dir):
+    engine = make_engine(qwen2_dir, block_size=4, num_blocks=8, max_model_len=200)
+    with pytest.raises(ValueError, match=r"need 11 blocks, but stage 'llm' has num_blocks=8"):
+        engine.add_request(StageInput("big", list(range(3, 40)), SamplingParams(max_tokens=4)))
+
+
+def test_duplicate_request_id(engine):
+    engine.add_request(StageInput("dup", [5, 6], SamplingParams(max_tokens=1)))
+    with pytest.raises(ValueError, match="'dup' is already"):
+        engine.add_request(StageInput("dup", [5, 6], SamplingParams(max_tokens=1)))
+    engine.run_until_done()
+
+
+def test_seeded_sampling_alone_equals_in_a_batch(qwen2_dir):
+    seeded = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=42, ignore_eos=True)
+    prompt = [7, 8, 9, 10, 11, 12]
+    alone = run_engine(make_engine(qwen2_dir, block_size=4), [prompt], seeded)[0]
+    others = [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [7, 8, 9, 10]]
+    engine = make_engine(qwen2_dir, block_size=4)
+    for i, other in enumerate(others):
+        engine.add_request(StageInput(f"o{i}", other, SamplingParams(max_tokens=12, temperature=0.8, ignore_eos=True)))
+    engine.add_request(StageInput("seeded", prompt, seeded))
+    batched = {r.request_id: r for r in engine.run_until_done()}["seeded"]
+    assert batched.token_ids == alone.token_ids
+    other_seed = run_engine(make_engine(qwen2_dir, block_size=4), [prompt], SamplingParams(
+        max_tokens=12, temperature=1.0, top_p=0.9, seed=43, ignore_eos=True))[0]
+    assert other_seed.token_ids != alone.token_ids
+
+
+def test_stop_on_eos_and_stop_tokens(qwen2_dir):
+    engine = make_engine(qwen2_dir, block_size=4)
+    free = run_engine(engine, [[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
+    stop_at = free.token_ids[3]
+    stopped = run_engine(engine, [[5, 6, 7]], SamplingParams(max_tokens=8, stop_token_ids=(stop_at,)), prefix="s")[0]
+    assert stopped.token_ids == free.token_ids[: free.token_ids.index(stop_at) + 1]
+    assert stopped.finish_reason == "stopped"
+    assert free.finish_reason == "length"

@@ -1,0 +1,153 @@
+"""The two-stage pipeline on the local backend (no Ray): equal to driving the engines by hand,
+equal with caching on and off, served from both stages' caches on a repeat, and a request that
+fails in a stage fails alone."""
+
+from __future__ import annotations
+
+import pytest
+from two_stage_support import assert_same, direct_run, prompts, two_stage_config
+
+from omni.core.sampling_params import SamplingParams
+from omni.outputs import StageInput
+from omni.pipeline import Omni
+from stages.registry import register_input_processor
+from stages.two_stage import hidden_to_embeds
+
+pytestmark = pytest.mark.slow
+
+
+@register_input_processor("test_local_faulty")
+def faulty(upstream, prompt):
+    """hidden_to_embeds, but broken on purpose for requests salted "raise" or "misshape"."""
+    if prompt.cache_salt == "raise":
+        raise RuntimeError("deliberately broken for this request")
+    stage_input = hidden_to_embeds(upstream, prompt)
+    if prompt.cache_salt == "misshape":
+        stage_input.extras["prompt_embeds"] = stage_input.extras["prompt_embeds"][:-1]
+    return stage_input
+
+
+@pytest.fixture(scope="module")
+def dirs(qwen2_dir, llama_dir):
+    return qwen2_dir, llama_dir
+
+
+@pytest.fixture(scope="module")
+def local_omni(dirs):
+    with Omni(two_stage_config(*dirs, **{"runtime.backend": "local"})) as omni:
+        yield omni
+
+
+def test_local_pipeline_equals_direct_engines(dirs, local_omni):
+    ids = prompts()
+    want = direct_run(local_omni.config, ids)
+    outputs = local_omni.generate(ids, use_tqdm=False)
+    assert [o.request_id for o in outputs] == sorted(
+        (o.request_id for o in outputs), key=lambda r: int(r.split("-")[1])
+    )
+    for i, (output, expected) in enumerate(zip(outputs, want, strict=True)):
+        assert output.error is None and output.final is output.stages["b"]
+        assert_same(output.stages, expected, f"prompt {i}")
+        assert output.final.text is not None
+
+
+def test_stream_yields_each_stage_as_it_finishes(local_omni):
+    ids = prompts(n=3, seed=1)
+    seen = [(r.request_id, r.stage) for r in local_omni.stream(ids)]
+    assert len(seen) == 2 * len(ids)
+    for rid in {rid for rid, _ in seen}:
+        assert [s for r, s in seen if r == rid] == ["a", "b"]
+
+
+def test_per_stage_sampling_params(local_omni):
+    params = [SamplingParams(max_tokens=3, ignore_eos=True), SamplingParams(max_tokens=5)]
+    (output,) = local_omni.generate([prompts()[0]], params, use_tqdm=False)
+    assert len(output.stages["a"].token_ids) == 3
+    assert 1 <= len(output.stages["b"].token_ids) <= 5
+    with pytest.raises(ValueError, match="one per stage"):
+        local_omni.generate([[5, 6, 7]], [SamplingParams()], use_tqdm=False)
+
+
+def test_caching_on_equals_off_and_repeat_hits_both_caches(dirs, local_omni):
+    prompt = prompts(n=1, seed=7)[0] * 3  # a longer prompt nobody sent before
+    first = local_omni.generate([prompt], use_tqdm=False)[0]
+    second = local_omni.generate([prompt], use_tqdm=False)[0]
+    for stage in ("a", "b"):
+        assert first.stages[stage].num_cached_tokens == 0, stage
+        assert second.stages[stage].num_cached_tokens > 0, stage
+    off = {
+        "runtime.backend": "local",
+        "stages.a.engine.enable_prefix_caching": False,
+        "stages.b.engine.enable_prefix_caching": False,
+    }
+    with Omni(two_stage_config(*dirs, **off)) as uncached:
+        for _ in range(2):
+            (plain,) = uncached.generate([prompt], use_tqdm=False)
+            assert all(r.num_cached_tokens == 0 for r in plain.stages.values())
+            assert_same(second.stages, plain.stages, "caching on vs off")
+    stats = local_omni.stats()
+    assert stats["a"]["kv_hit_tokens"] > 0 and stats["b"]["kv_hit_tokens"] > 0
+
+
+def test_failing_request_fails_alone(dirs):
+    config = two_stage_config(
+        *dirs, **{"runtime.backend": "local", "stages.b.input_processor": "test_local_faulty"}
+    )
+    ids = prompts(n=3, seed=2)
+    batch = [{"prompt_token_ids": ids[0]}, {"prompt_token_ids": ids[1], "cache_salt": "raise"}]
+    batch += [{"prompt_token_ids": ids[2], "cache_salt": "misshape"}, {"prompt_token_ids": ids[3]}]
+    with Omni(config) as omni:
+        outputs = omni.generate(batch, use_tqdm=False)
+    ok, raised, misshaped, ok2 = outputs
+    assert ok.error is None and ok2.error is None and len(ok2.final.token_ids) == 6
+    rid = raised.request_id
+    assert raised.final.stage == "b" and "a" in raised.stages
+    assert f"{rid!r}" in raised.error and "stage 'b'" in raised.error
+    assert "test_local_faulty" in raised.error and "deliberately broken" in raised.error
+    assert f"{misshaped.request_id!r}" in misshaped.error and "stage 'b'" in misshaped.error
+    assert "prompt_embeds" in misshaped.error
+
+
+@register_input_processor("test_generated_tokens")
+def generated_tokens(upstream, prompt):
+    """The upstream stages' generated tokens, concatenated in stage-name order."""
+    ids = [t for name in sorted(upstream) for t in upstream[name].token_ids]
+    rid = next(iter(upstream.values())).request_id
+    return StageInput(rid, ids, cache_salt=prompt.cache_salt)
+
+
+def test_diamond_graph_waits_for_all_inputs(dirs):
+    qwen2, llama = dirs
+    engine = {"block_size": 4, "num_blocks": 64}
+    sampling = {"max_tokens": 3, "ignore_eos": True}
+
+    def stage(name, model, inputs=()):
+        processor = "test_generated_tokens" if inputs else None
+        return {
+            "name": name,
+            "model": model,
+            "inputs": list(inputs),
+            "engine": engine,
+            "input_processor": processor,
+            "sampling": sampling,
+        }
+
+    config = {
+        "runtime": {"backend": "local"},
+        "stages": [
+            stage("d", qwen2, ["b", "c"]),
+            stage("a", qwen2),
+            stage("b", llama, ["a"]),
+            stage("c", qwen2, ["a"]),
+        ],
+    }
+    with Omni(config) as omni:
+        assert omni.order == ["a", "b", "c", "d"]
+        outputs = omni.generate([[5, 6, 7, 8, 9], [10, 11, 12]], use_tqdm=False)
+        streamed = [r.stage for r in omni.stream([[13, 14, 15]])]
+    for output in outputs:
+        s = output.stages
+        assert output.error is None and output.final is s["d"] and set(s) == {"a", "b", "c", "d"}
+        assert s["b"].prompt_token_ids == s["a"].token_ids == s["c"].prompt_token_ids
+        assert s["d"].prompt_token_ids == s["b"].token_ids + s["c"].token_ids
+    assert streamed[0] == "a" and streamed[-1] == "d" and sorted(streamed) == ["a", "b", "c", "d"]

@@ -1,0 +1,143 @@
+"""The two-stage pipeline on Ray: a private local instance (same results as local and direct
+runs; a killed stage actor fails fast; shutdown leaves no process) and a 2-node cluster with each
+stage pinned to its own node by config (same results; a failing request fails alone).
+
+Ray is expensive here (2 cores): one private instance, then one cluster shared by the module.
+The first test must run before the cluster fixture connects this process to the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+import ray
+import ray.cloudpickle
+from two_stage_support import assert_same, direct_run, prompts, two_stage_config
+
+from omni.pipeline import Omni
+from omni.ray_backend import wait_for_processes_gone
+from stages.registry import register_input_processor
+from stages.two_stage import hidden_to_embeds
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+# The stage actors cannot import this test module: ship its functions by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@register_input_processor("test_ray_faulty")
+def faulty(upstream, prompt):
+    """hidden_to_embeds, but broken on purpose for requests salted "raise"."""
+    if prompt.cache_salt == "raise":
+        raise RuntimeError("deliberately broken for this request")
+    return hidden_to_embeds(upstream, prompt)
+
+
+@pytest.fixture(scope="module")
+def reference(qwen2_dir, llama_dir):
+    """Local-backend results and direct engine runs of the same prompts: they must agree."""
+    config = two_stage_config(qwen2_dir, llama_dir, **{"runtime.backend": "local"})
+    ids = prompts()
+    want = direct_run(config, ids)
+    with Omni(config) as omni:
+        local = omni.generate(ids, use_tqdm=False)
+    for i, (output, expected) in enumerate(zip(local, want, strict=True)):
+        assert_same(output.stages, expected, f"local vs direct, prompt {i}")
+    return ids, want
+
+
+def test_private_instance_equal_results_kill_and_clean_shutdown(qwen2_dir, llama_dir, reference):
+    assert not ray.is_initialized(), "another test left Ray connected"
+    ids, want = reference
+    config = two_stage_config(qwen2_dir, llama_dir, **{"runtime.request_timeout_s": 60})
+    omni = Omni(config)
+    try:
+        session = omni.backend.session
+        assert session.mode == "started" and ray.is_initialized()
+        temp_dir = session.temp_dir
+        for i, output in enumerate(omni.generate(ids, use_tqdm=False)):
+            assert_same(output.stages, want[i], f"ray vs direct, prompt {i}")
+        assert omni.stats()["b"]["steps"] > 0
+        assert omni.backend.placement["a"]["torch_threads"] == 1
+
+        # Kill stage b while requests are in flight: a clear error, not a hang.
+        stream = omni.stream(prompts(n=6, seed=5))
+        first = next(stream)
+        assert first.stage == "a"
+        ray.kill(omni.backend.actors["b"], no_restart=True)
+        with pytest.raises(RuntimeError, match="stage 'b': its Ray actor died"):
+            for _ in stream:
+                pass
+    finally:
+        omni.shutdown()
+    assert not ray.is_initialized()
+    assert wait_for_processes_gone(temp_dir, timeout_s=15) == []
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    # Short paths (Ray's sockets live below them), and RAY_TMPDIR so that the cluster's address
+    # file goes there too instead of /tmp/ray.
+    base = tempfile.mkdtemp(prefix="omni-rt-", dir="/tmp")
+    old_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = base
+    node_args = {"temp_dir": os.path.join(base, "ray")}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "resources": {"node_a": 1}, **node_args},
+    )
+    try:
+        cluster.add_node(num_cpus=2, resources={"node_b": 1}, **node_args)
+        cluster.wait_for_nodes(timeout=60)
+        ray.init(address=cluster.address, logging_level="WARNING")
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        assert wait_for_processes_gone(base, timeout_s=15) == []
+        shutil.rmtree(base, ignore_errors=True)
+        if old_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = old_tmpdir
+
+
+@pytest.fixture(scope="module")
+def cluster_omni(cluster, qwen2_dir, llama_dir):
+    overrides = {
+        "runtime.address": cluster.address,
+        "runtime.request_timeout_s": 60,
+        "stages.a.resources.custom": {"node_a": 1},
+        "stages.b.resources.custom": {"node_b": 1},
+        "stages.b.input_processor": "test_ray_faulty",
+    }
+    with Omni(two_stage_config(qwen2_dir, llama_dir, **overrides)) as omni:
+        yield omni
+
+
+def test_two_nodes_each_stage_on_its_node(cluster, cluster_omni, reference):
+    placement = cluster_omni.backend.placement
+    nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+    assert "node_a" in nodes[placement["a"]["node_id"]]
+    assert "node_b" in nodes[placement["b"]["node_id"]]
+    assert cluster_omni.backend.session.mode == "existing"  # the fixture's connection is kept
+    ids, want = reference
+    for i, output in enumerate(cluster_omni.generate(ids, use_tqdm=False)):
+        assert_same(output.stages, want[i], f"2-node cluster vs direct, prompt {i}")
+
+
+def test_failing_request_fails_alone_on_cluster(cluster_omni, reference):
+    ids, want = reference
+    batch = [{"prompt_token_ids": ids[1], "cache_salt": "raise"}, ids[2], ids[3]]
+    bad, *good = cluster_omni.generate(batch, use_tqdm=False)
+    assert bad.error is not None and bad.final.stage == "b"
+    assert f"{bad.request_id!r}" in bad.error and "stage 'b'" in bad.error
+    assert "deliberately broken" in bad.error
+    for output, expected in zip(good, want[2:4], strict=True):
+        assert_same(output.stages, expected, "others of a batch with a failure")
