@@ -52,7 +52,7 @@ class StageActor:
     ) -> None:
         import torch
 
-        from omni.engine import StageEngine
+        from omni.engine import create_engine
 
         logging.basicConfig(level=log_level, format=f"%(levelname)s [{config.name}] %(message)s")
         # Ray sets OMP_NUM_THREADS=1 for fractional CPUs; the stage decides its own thread count.
@@ -61,7 +61,7 @@ class StageActor:
         self.config = config
         self.processors = processors
         self.fetch_timeout_s = fetch_timeout_s
-        self.engine = StageEngine(config)
+        self.engine = create_engine(config)
         self._engine_lock = threading.Lock()
         self._cond = threading.Condition()
         self._inbox: list[StageInput] = []

@@ -19,7 +19,7 @@ from omni.inputs import PromptInput, PromptProcessor
 from omni.outputs import OmniOutput, StageResult
 from omni.routing import Router
 from omni.stage_client import LocalBackend, Processor, StageBackend
-from stages.registry import get_input_processor
+from stages.registry import get_input_processor, get_prompt_processor, produces_text
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class Omni:
         self.config = _resolve_config(config, model, overrides)
         self.order = self.config.topological_order()
         root = self.config.root_stages[0]
-        self.prompt_processor = PromptProcessor(root.model)
+        self.prompt_processor: PromptProcessor = get_prompt_processor(root.adapter)(root.model)
         self._tokenizers: dict[str, Any] = {root.name: self.prompt_processor.tokenizer}
         self._counter = 0
         self.backend: StageBackend | None = None
@@ -116,7 +116,9 @@ class Omni:
         return Router(self.config, self._backend(), requests, stage_params, self._decode)
 
     def _decode(self, stage: str, token_ids: list[int]) -> str | None:
-        """Text in the stage's own vocabulary; None for a stage without a tokenizer."""
+        """Text in the stage's own vocabulary; None for stages whose tokens are not text."""
+        if not produces_text(self.config.stage(stage).adapter):
+            return None
         if stage not in self._tokenizers:
             from transformers import AutoTokenizer
 

@@ -129,10 +129,10 @@ class LocalBackend:
     """Every stage's engine in this process; `poll` runs one step of each busy engine."""
 
     def __init__(self, config: OmniConfig, order: list[str], processors: dict[str, Processor]):
-        from omni.engine import StageEngine
+        from omni.engine import create_engine
 
         self.config = config
-        self.engines = {name: StageEngine(config.stage(name)) for name in order}
+        self.engines = {name: create_engine(config.stage(name)) for name in order}
         self.processors = processors
         self._pending: list[Finished] = []  # rejected requests, reported by the next poll
 

@@ -42,6 +42,14 @@ _LAZY_PROMPT_PROCESSORS: dict[str, str] = {
 }
 _DEFAULT_PROMPT_PROCESSOR = "omni.inputs:PromptProcessor"
 
+# Adapters whose generated token ids are text in their checkpoint's tokenizer (others, such as a
+# talker's codec codes, get no `text`).
+_TEXT_ADAPTERS = {"causal_lm", "embeds_lm", "qwen2_5_omni_thinker"}
+
+
+def produces_text(adapter_name: str) -> bool:
+    return adapter_name in _TEXT_ADAPTERS
+
 
 def _register(table: dict[str, Any], kind: str, name: str, obj: Any) -> None:
     old = table.get(name)

@@ -1,0 +1,115 @@
+"""GenerationEngine: a non-autoregressive stage (e.g. a vocoder) behind StageEngine's interface.
+
+Such a stage has no KV cache, scheduler or sampler: each request is one call of its adapter's
+`generate(stage_input, seed) -> waveform`. `step()` runs up to `engine.max_num_seqs` pending
+requests in arrival order and returns their results, so actors and the local backend drive it
+exactly like an AR stage (add_request / step / abort / has_unfinished / stats).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+
+import torch
+
+from omni.config import StageConfig
+from omni.outputs import StageInput, StageResult
+from stages.registry import get_adapter
+
+logger = logging.getLogger(__name__)
+
+
+class GenerationEngine:
+    def __init__(self, config: StageConfig, *, model=None) -> None:
+        self.config = config
+        self.name = config.name
+        self.model = model or get_adapter(config.adapter)(config.model, dtype=torch.float32)
+        self._pending: OrderedDict[str, tuple[StageInput, float]] = OrderedDict()
+        self.num_steps = 0
+        self.num_finished = 0
+        self.busy_s = 0.0
+
+    def add_request(self, stage_input: StageInput) -> None:
+        """Validate and queue; a ValueError leaves the engine and other requests untouched."""
+        rid = stage_input.request_id
+        if rid in self._pending:
+            raise ValueError(f"request_id {rid!r} is already in stage {self.name!r}")
+        check_inputs = getattr(self.model, "check_inputs", None)
+        if check_inputs is not None:
+            try:
+                check_inputs(stage_input)
+            except ValueError as e:
+                raise ValueError(f"request {rid!r}: {e}") from e
+        self._pending[rid] = (stage_input, time.perf_counter())
+
+    def abort(self, request_ids: list[str]) -> list[StageResult]:
+        results = []
+        for rid in request_ids:
+            item = self._pending.pop(rid, None)
+            if item is not None:
+                results.append(self._result(item[0], "aborted", item[1]))
+        return results
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._pending)
+
+    def step(self) -> list[StageResult]:
+        batch = [self._pending.popitem(last=False)[1] for _ in range(self._batch_size())]
+        if not batch:
+            return []
+        self.num_steps += 1
+        start = time.perf_counter()
+        results = []
+        for stage_input, arrival in batch:
+            seed = stage_input.sampling_params.seed
+            try:
+                audio = self.model.generate(
+                    stage_input, self.config.engine.seed if seed is None else seed
+                )
+            except Exception as e:  # one broken request fails alone, never the stage
+                logger.exception("stage %r: request %r failed", self.name, stage_input.request_id)
+                result = self._result(stage_input, "error", arrival)
+                result.error = f"stage {self.name!r} failed on request {stage_input.request_id!r}: {type(e).__name__}: {e}"
+                results.append(result)
+                continue
+            result = self._result(stage_input, "stopped", arrival)
+            result.audio = audio
+            result.sample_rate = getattr(self.model, "sample_rate", None)
+            results.append(result)
+        self.busy_s += time.perf_counter() - start
+        self.num_finished += len(results)
+        return results
+
+    def _batch_size(self) -> int:
+        return min(len(self._pending), self.config.engine.max_num_seqs)
+
+    def run_until_done(self, max_steps: int = 1_000_000) -> list[StageResult]:
+        """Step until every queued request finished (local use and tests)."""
+        results: list[StageResult] = []
+        for _ in range(max_steps):
+            if not self.has_unfinished:
+                return results
+            results.extend(self.step())
+        raise RuntimeError(f"stage {self.name!r}: not done after {max_steps} steps")
+
+    def _result(self, stage_input: StageInput, reason: str, arrival: float) -> StageResult:
+        return StageResult(
+            request_id=stage_input.request_id,
+            stage=self.name,
+            prompt_token_ids=list(stage_input.prompt_token_ids),
+            token_ids=[],
+            finish_reason=reason,
+            timings={"latency_s": time.perf_counter() - arrival},
+        )
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "stage": self.name,
+            "steps": self.num_steps,
+            "finished": self.num_finished,
+            "pending": len(self._pending),
+            "busy_s": self.busy_s,
+        }

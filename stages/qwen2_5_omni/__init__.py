@@ -1,0 +1,7 @@
+"""Qwen2.5-Omni stages: thinker (text + image + audio in, text out), talker, token2wav.
+
+Thinker side (this package): ``processor.OmniPromptProcessor`` turns user prompts with images and
+audio into token ids, multimodal ranges and encoder inputs; ``thinker.OmniThinkerAdapter`` runs the
+thinker on omni's paged attention, with per-item encoder outputs kept in ``encoder_cache``.
+Modules are imported on use (stages/registry.py), so importing this package stays cheap.
+"""

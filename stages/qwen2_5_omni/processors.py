@@ -1,0 +1,137 @@
+"""Input processors of the Qwen2.5-Omni pipeline: thinker -> talker -> token2wav.
+
+They only move data: the exact transformers arithmetic on it lives in the adapters
+(talker_inputs.py, token2wav.py), which know the checkpoint (token ids, speakers). Both
+processors are torch-light and run wherever the consuming stage runs.
+
+Extras contract
+---------------
+thinker_to_talker -> talker (`qwen2_5_omni_talker`):
+    thinker_prompt_ids   list[int]   the thinker's P prompt ids
+    thinker_output_ids   list[int]   its G generated ids (G >= 2)
+    thinker_hidden       [P+G-1, D]  thinker result tensors["hidden_states"] (last layer, normed)
+    thinker_embeds       [P+G-1, D]  thinker result tensors["inputs_embeds"] (layer 0, mm merged)
+    speaker              str         default "Chelsie", as transformers' generate
+    mode                 str         "masked" (default) | "unmasked" (see talker_inputs.py)
+    image_grid_thw, video_grid_thw, audio_feature_lengths, video_second_per_grid,
+    use_audio_in_video   the thinker's multimodal grid/length inputs, for the talker's mrope
+talker_to_token2wav -> token2wav (`qwen2_5_omni_token2wav`):
+    prompt_token_ids     the codec ids before the first codec EOS (8292 pad / 8294 end)
+    speaker              str         selects cond / ref_mel in spk_dict.pt
+
+Why the talker's prompt ids are a sound prefix-cache key
+--------------------------------------------------------
+The talker's prompt ids are thinker prompt ids + [speaker key] + [g_0], position-aligned with the
+talker's P + 2 prompt positions, with the thinker's multimodal ranges (mm_inputs: content hashes)
+and cache_salt passed through. Talker input t < P depends only on the thinker's hidden state and
+embedding at t; the thinker is causal and deterministic, so those depend only on thinker tokens
+0..t and on the multimodal items overlapping them, all of which the chained block hash covers.
+Position P depends on the speaker (its key), P + 1 on the prompt and g_0. So two requests share a
+talker prompt block only if every input row in it (and before it) is the same.
+Limitation: decode positions also add a reply row (from g_1, g_2, ...) that the hash of generated
+blocks does not cover. Those hashes are looked up only when a preempted request is resumed; two
+requests with equal talker prompts but different thinker replies would then also need identical
+codec tokens for a whole block to collide. With a greedy thinker equal prompts mean equal replies.
+"""
+
+from __future__ import annotations
+
+from omni.inputs import PromptInput
+from omni.outputs import StageInput, StageResult
+from stages.qwen2_5_omni.talker import speaker_key
+from stages.registry import register_input_processor
+
+DEFAULT_SPEAKER = "Chelsie"  # transformers' generate default
+CODEC_EOS = (8292, 8294)  # generate's talker_eos_token_id (codec pad, codec end)
+_MM_ALIASES = {
+    "image_grid_thw": ("image_grid_thw",),
+    "video_grid_thw": ("video_grid_thw",),
+    "audio_feature_lengths": ("audio_feature_lengths",),
+    "video_second_per_grid": ("video_second_per_grid", "second_per_grid_ts"),
+    "use_audio_in_video": ("use_audio_in_video",),
+}
+
+
+def _only(upstream: dict[str, StageResult], what: str) -> StageResult:
+    if len(upstream) != 1:
+        raise ValueError(f"{what} expects exactly one upstream stage, got {sorted(upstream)}")
+    result = next(iter(upstream.values()))
+    if result.error is not None:
+        raise ValueError(f"upstream stage {result.stage!r} failed: {result.error}")
+    return result
+
+
+def _mm_extras(request: PromptInput) -> dict:
+    """The thinker's grid / audio-length inputs, which the talker's mrope positions need."""
+    out = {}
+    src = request.extras or {}
+    for key, names in _MM_ALIASES.items():
+        for name in names:
+            if src.get(name) is not None:
+                out[key] = src[name]
+                break
+    if "audio_feature_lengths" not in out and src.get("feature_attention_mask") is not None:
+        out["audio_feature_lengths"] = src["feature_attention_mask"].sum(dim=1)  # as generate does
+    return out
+
+
+@register_input_processor("thinker_to_talker")
+def thinker_to_talker(
+    upstream: dict[str, StageResult], request: PromptInput, *, mode: str = "masked"
+) -> StageInput:
+    thinker = _only(upstream, "thinker_to_talker")
+    prompt, output = list(thinker.prompt_token_ids), list(thinker.token_ids)
+    if len(output) < 2:
+        raise ValueError(
+            f"the talker needs at least 2 thinker tokens, the thinker gave {len(output)}"
+        )
+    for key in ("hidden_states", "inputs_embeds"):
+        if key not in thinker.tensors:
+            raise ValueError(f"thinker result lacks tensors[{key!r}]")
+    speaker = (request.extras or {}).get("speaker", DEFAULT_SPEAKER)
+    salt = request.cache_salt
+    if mode != "masked":  # a different input construction must never share KV blocks
+        salt = f"{salt or ''}|talker:{mode}"
+    return StageInput(
+        request_id=request.request_id,
+        prompt_token_ids=prompt + [speaker_key(speaker), output[0]],
+        mm_inputs=tuple(request.mm_inputs),
+        cache_salt=salt,
+        extras={
+            "thinker_prompt_ids": prompt,
+            "thinker_output_ids": output,
+            "thinker_hidden": thinker.tensors["hidden_states"],
+            "thinker_embeds": thinker.tensors["inputs_embeds"],
+            "speaker": speaker,
+            "mode": mode,
+            **_mm_extras(request),
+        },
+    )
+
+
+@register_input_processor("thinker_to_talker_unmasked")
+def thinker_to_talker_unmasked(
+    upstream: dict[str, StageResult], request: PromptInput
+) -> StageInput:
+    """As transformers 5.23's generate for one unpadded request: plain positions, no codec
+    pad/bos embeddings (it drops the all-ones attention mask; see talker_inputs.py)."""
+    return thinker_to_talker(upstream, request, mode="unmasked")
+
+
+@register_input_processor("talker_to_token2wav")
+def talker_to_token2wav(upstream: dict[str, StageResult], request: PromptInput) -> StageInput:
+    talker = _only(upstream, "talker_to_token2wav")
+    codes = list(talker.token_ids)
+    # generate decodes the codes before the first codec EOS (code_length).
+    for i, code in enumerate(codes):
+        if code in CODEC_EOS:
+            codes = codes[:i]
+            break
+    if not codes:
+        raise ValueError("the talker produced no codec tokens before its EOS")
+    return StageInput(
+        request_id=request.request_id,
+        prompt_token_ids=codes,
+        cache_salt=request.cache_salt,
+        extras={"speaker": (request.extras or {}).get("speaker", DEFAULT_SPEAKER)},
+    )

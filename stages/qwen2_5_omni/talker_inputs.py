@@ -1,0 +1,141 @@
+"""Per-request talker inputs: the embeddings and mrope positions transformers would feed.
+
+Qwen2_5OmniForConditionalGeneration.generate (transformers 5.23) builds the talker's input from
+the thinker's result; talker position t (0-based) gets, before `thinker_to_talker_proj`:
+
+    t < P        hidden[t] + embeds[t]     thinker last hidden state + its layer-0 embedding,
+                                           the embedding zeroed at image/audio/video tokens
+    t = P        embed_thinker(speaker bos) (+ embed_codec(codec pad)   in "masked" mode)
+    t = P + 1    hidden[P] + embeds[P]      (+ embed_codec(codec bos)   in "masked" mode)
+    t = P + 2 + k  embed_codec(c_k) + reply[min(k, G - 1)]    (decode step k feeds codec c_k)
+
+with P thinker prompt tokens, G thinker output tokens g_0..g_{G-1}, and the reply stream
+reply = [hidden[P+j] + embeds[P+j] for j = 1..G-2] + [embed_thinker(tts_eos), embed_thinker(tts_pad)]
+(the last row repeats forever). transformers' per-row EOS rewrite of the reply stream only matters
+for rows of a padded batch that stopped early; a single sequence stops at its first EOS, where the
+rewrite is the identity, so it is not needed here.
+
+Two modes, because transformers' talker forward takes two paths:
+- "masked" (default; what the talker forward does whenever it receives an attention mask, as in
+  transformers 4.x and in padded batches): 3-row mrope positions from `get_rope_index` over the
+  text ids (prompt + speaker bos + g_0, with the thinker's image/audio grids), then
+  position = t + rope_delta in decode, and the codec pad/bos embeddings added at P and P + 1.
+- "unmasked": transformers 5.23's `generate` drops an all-ones attention mask before the first
+  forward, so an unpadded single request takes the other path: plain positions t on all three
+  rows and no codec pad/bos embeddings. Kept so that tests can match that `generate` exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+MODES = ("masked", "unmasked")
+MM_KEYS = (
+    "image_grid_thw",
+    "video_grid_thw",
+    "audio_feature_lengths",
+    "video_second_per_grid",
+    "use_audio_in_video",
+)
+
+
+@dataclass
+class TalkerRequestState:
+    """What forward() needs to build any fed range of one request."""
+
+    text: torch.Tensor  # [P + 2 + G, D_thinker] thinker-side vector of each talker position
+    prompt_len: int  # P + 2: positions before the first decode step
+    codec_prefix: tuple[int, int] | None  # codec ids added at P and P + 1 ("masked" mode)
+    mrope: torch.Tensor | None  # [3, P + 2] prompt positions ("masked" mode)
+    rope_delta: int  # decode position = t + rope_delta
+    history: set[int] = field(default_factory=set)  # codec ids seen (repetition penalty)
+    repetition_penalty: float = 1.05
+
+    def positions(self, t: torch.Tensor) -> torch.Tensor:
+        """[3, len(t)] positions of talker positions t."""
+        if self.mrope is None:
+            return t.unsqueeze(0).expand(3, -1)
+        out = (t + self.rope_delta).unsqueeze(0).expand(3, -1).clone()
+        prompt = t < self.prompt_len
+        out[:, prompt] = self.mrope[:, t[prompt]]
+        return out
+
+
+def check_extras(extras: dict) -> None:
+    """ValueError unless `extras` holds a well-formed thinker_to_talker payload."""
+    for key in ("thinker_prompt_ids", "thinker_output_ids", "thinker_hidden", "thinker_embeds"):
+        if key not in extras:
+            raise ValueError(f"talker extras lack {key!r} (use input processor thinker_to_talker)")
+    num_prompt, num_out = len(extras["thinker_prompt_ids"]), len(extras["thinker_output_ids"])
+    if num_out < 2:
+        raise ValueError(f"the talker needs at least 2 thinker output tokens, got {num_out}")
+    rows = num_prompt + num_out - 1
+    for key in ("thinker_hidden", "thinker_embeds"):
+        t = extras[key]
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[0] != rows:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"talker extras {key!r}: expected [{rows}, D] rows, got {shape}")
+    if extras.get("mode", "masked") not in MODES:
+        raise ValueError(f"talker extras 'mode' must be one of {MODES}, got {extras['mode']!r}")
+
+
+def build_state(extras: dict, talker, thinker_rows: dict[str, torch.Tensor], speakers: dict):
+    """TalkerRequestState for one request. `talker`: the HF talker (its config and
+    get_rope_index); `thinker_rows`: thinker embedding rows "tts_eos", "tts_pad" and
+    "spk:<name>"; `speakers`: name -> speaker bos token id."""
+    config = talker.config
+    prompt_ids = list(extras["thinker_prompt_ids"])
+    out_ids = list(extras["thinker_output_ids"])
+    hidden, embeds = extras["thinker_hidden"], extras["thinker_embeds"].clone()
+    num_prompt, num_out = len(prompt_ids), len(out_ids)
+    speaker = extras.get("speaker", "Chelsie")
+    if speaker not in speakers:
+        raise ValueError(f"unknown speaker {speaker!r}; available: {sorted(speakers)}")
+    # generate zeroes the multimodal positions of the layer-0 embeddings (not of the hidden states).
+    mm_ids = [config.image_token_index, config.video_token_index, config.audio_token_index]
+    is_mm = torch.isin(torch.tensor(prompt_ids), torch.tensor(mm_ids))
+    embeds[:num_prompt][is_mm] = 0
+    summed = (hidden + embeds).to(hidden.dtype)
+    dim = summed.shape[1]
+    reply = [summed[num_prompt + j] for j in range(1, num_out - 1)]
+    reply += [thinker_rows["tts_eos"], thinker_rows["tts_pad"]]
+    text = torch.cat(
+        [
+            summed[:num_prompt],
+            thinker_rows[f"spk:{speaker}"].view(1, dim),
+            summed[num_prompt : num_prompt + 1],
+            torch.stack([r.to(summed.dtype) for r in reply]),
+        ]
+    )
+    mode = extras.get("mode", "masked")
+    prompt_len = num_prompt + 2
+    history = {config.tts_codec_pad_token_id, config.tts_codec_start_token_id}
+    if num_prompt:
+        history.add(config.tts_codec_mask_token_id)  # generate's codec prompt ids: mask * P
+    state = TalkerRequestState(
+        text=text,
+        prompt_len=prompt_len,
+        codec_prefix=None,
+        mrope=None,
+        rope_delta=0,
+        history=history,
+        repetition_penalty=float(extras.get("repetition_penalty", 1.05)),
+    )
+    if mode == "masked":
+        state.codec_prefix = (config.tts_codec_pad_token_id, config.tts_codec_start_token_id)
+        text_ids = torch.tensor([prompt_ids + [speakers[speaker], out_ids[0]]])
+        mm = {k: extras.get(k) for k in MM_KEYS}
+        pos, delta = talker.get_rope_index(
+            text_ids,
+            mm["image_grid_thw"],
+            mm["video_grid_thw"],
+            torch.ones_like(text_ids),
+            bool(mm["use_audio_in_video"]),
+            mm["audio_feature_lengths"],
+            mm["video_second_per_grid"],
+        )
+        state.mrope = pos[:, 0, :].long()
+        state.rope_delta = int(delta.view(-1)[0])
+    return state

@@ -1,0 +1,245 @@
+"""Qwen2.5-Omni thinker on omni's paged attention: text decoder + vision and audio encoders.
+
+Per step, for the fed tokens only: token embeddings, with every placeholder row replaced by the
+matching row of its item's encoder output (computed once per item, kept in an EncoderCache, so a
+prefix hit that ends inside an image costs no encoder run); 3-row mrope positions; then the text
+model. Outputs: ``hidden_states`` (last layer after the norm) and ``extra["inputs_embeds"]`` (the
+merged layer-0 input), the two per-token tensors the talker consumes (transformers' generate uses
+the thinker's ``hidden_states[-1]`` and ``hidden_states[0]``).
+
+Per-request extras: see stages/qwen2_5_omni/processor.py (``image_identifiers``, ``pixel_values``,
+``image_grid_thw``, ``audio_identifiers``, ``input_features``, ``feature_attention_mask``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers.utils import logging as hf_logging
+
+from omni.core.request import MultiModalInput
+from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
+from omni.runtime.stage_model import ModelInputs, ModelOutputs
+from stages.qwen2_5_omni.encoder_cache import EncoderCache
+from stages.registry import register_adapter
+
+
+@dataclass
+class _Item:
+    """One multimodal range of a request and where its encoder inputs are in the extras."""
+
+    mm: MultiModalInput
+    modality: str  # "image" | "audio"
+    index: int  # position in the extras' per-modality lists
+
+
+@dataclass
+class _MropeState:
+    items: list[_Item]
+    positions: torch.Tensor  # [3, end of the last item]: positions of tokens up to there
+    delta: int  # beyond: position p -> p + delta on all three rows
+
+
+def _find_items(mm_inputs, extras: dict) -> list[_Item]:
+    """Match each range to its item's encoder inputs by identifier; ValueError if one is missing."""
+    where = {}
+    for modality, key in (("image", "image_identifiers"), ("audio", "audio_identifiers")):
+        for index, identifier in enumerate(extras.get(key, ())):
+            where.setdefault(identifier, (modality, index))
+    items = []
+    for mm in sorted(mm_inputs, key=lambda m: m.offset):
+        if mm.identifier not in where:
+            raise ValueError(f"multimodal input {mm.identifier!r} has no encoder inputs in extras")
+        items.append(_Item(mm, *where[mm.identifier]))
+    return items
+
+
+class OmniThinkerAdapter:
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        dtype: torch.dtype = torch.float32,
+        encoder_cache_bytes: int = 256 << 20,
+        encoder_cache_entries: int = 4096,
+    ) -> None:
+        from transformers import (
+            Qwen2_5OmniThinkerConfig,
+            Qwen2_5OmniThinkerForConditionalGeneration,
+        )
+
+        register_paged_attention()
+        hf_logging.disable_progress_bar()
+        with open(os.path.join(model_dir, "config.json")) as f:
+            raw = json.load(f)
+        # A full Qwen2.5-Omni directory stores the thinker under "thinker."; a thinker-only
+        # directory has it at the top level.
+        full = raw.get("model_type") == "qwen2_5_omni"
+        config = Qwen2_5OmniThinkerConfig(**raw["thinker_config"]) if full else None
+        kwargs = {"key_mapping": {r"^thinker\.": ""}} if full else {}
+        # Only the text decoder goes on paged attention; the encoders run whole items on sdpa.
+        attn = {"text_config": ATTENTION_NAME, "vision_config": "sdpa", "audio_config": "sdpa"}
+        model, info = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
+            model_dir, config=config, dtype=dtype, attn_implementation=attn,
+            output_loading_info=True, **kwargs,
+        )  # fmt: skip
+        if info["missing_keys"]:
+            raise RuntimeError(f"thinker weights missing from {model_dir}: {info['missing_keys']}")
+        self.model = model.eval()
+        self.text_model = self.model.model.language_model
+        text = self.model.config.text_config
+        self.dtype = dtype
+        self.num_layers = text.num_hidden_layers
+        self.num_kv_heads = text.num_key_value_heads
+        self.head_dim = (
+            getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        )
+        self.hidden_size = text.hidden_size
+        self.vocab_size = text.vocab_size
+        eos = self.model.generation_config.eos_token_id or text.eos_token_id
+        self.eos_token_id = eos[0] if isinstance(eos, list) else eos
+        self.merge_size = self.model.config.vision_config.spatial_merge_size
+        self.position_id_per_seconds = self.model.config.position_id_per_seconds
+        self.encoder_cache = EncoderCache(encoder_cache_bytes, encoder_cache_entries)
+        self.encoder_runs: Counter[str] = Counter()  # "image"/"audio" -> tower calls
+        self._mrope: dict[str, _MropeState] = {}
+
+    # ---- the adapter contract -------------------------------------------------------------------
+    def forward(self, inputs: ModelInputs) -> ModelOutputs:
+        embeds = self.text_model.embed_tokens(inputs.input_ids)  # [T, D], a fresh tensor
+        positions = inputs.positions.unsqueeze(0).repeat(3, 1)  # text-only: p on every row
+        starts = inputs.attn.query_start_loc.tolist()
+        for row, entry in enumerate(inputs.scheduled):
+            state = self._state(entry, inputs.request_extras.get(entry.request_id) or {})
+            if state is None:
+                continue
+            first, last = (
+                entry.num_computed_tokens,
+                entry.num_computed_tokens + len(entry.token_ids),
+            )
+            base = starts[row] - first  # packed row of position p is base + p
+            positions[:, base + first : base + last] = self._positions(state, first, last)
+            extras = inputs.request_extras[entry.request_id]
+            for item in state.items:
+                lo, hi = max(first, item.mm.offset), min(last, item.mm.offset + item.mm.length)
+                if lo >= hi:
+                    continue  # not fed this step (cached prefix or a later chunk)
+                features = self._encode(item, extras)
+                embeds[base + lo : base + hi] = features[lo - item.mm.offset : hi - item.mm.offset]
+        out = self.text_model(
+            inputs_embeds=embeds.unsqueeze(0),
+            position_ids=positions.unsqueeze(1),  # [3, 1, T]
+            use_cache=False,
+            omni_attn=inputs.attn,
+        )
+        return ModelOutputs(out.last_hidden_state[0], extra={"inputs_embeds": embeds})
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(hidden_states)
+
+    def release(self, request_ids) -> None:
+        for request_id in request_ids:
+            self._mrope.pop(request_id, None)
+
+    def check_inputs(self, stage_input) -> None:
+        """Called by the engine on add_request: every range has matching encoder inputs."""
+        extras = stage_input.extras or {}
+        for item in _find_items(stage_input.mm_inputs, extras):
+            expected = self._num_tokens(item, extras)
+            if expected != item.mm.length:
+                raise ValueError(
+                    f"multimodal input {item.mm.identifier!r} spans {item.mm.length} tokens but "
+                    f"its {item.modality} encodes to {expected}"
+                )
+
+    # ---- multimodal -----------------------------------------------------------------------------
+    def _state(self, entry, extras: dict) -> _MropeState | None:
+        """Per-request mrope table, built when the request is (re)admitted with its ranges."""
+        if entry.is_new:
+            self._mrope.pop(entry.request_id, None)
+            if entry.mm_inputs:
+                items = _find_items(entry.mm_inputs, extras)
+                positions, delta = self.mrope_positions(items, extras)
+                self._mrope[entry.request_id] = _MropeState(items, positions, delta)
+        return self._mrope.get(entry.request_id)
+
+    @staticmethod
+    def _positions(state: _MropeState, first: int, last: int) -> torch.Tensor:
+        start = min(max(first, state.positions.shape[1]), last)  # first position past the table
+        tail = torch.arange(start, last).add_(state.delta).expand(3, -1)
+        return torch.cat([state.positions[:, first:last], tail], dim=1)
+
+    def mrope_positions(self, items: list[_Item], extras: dict) -> tuple[torch.Tensor, int]:
+        """3-row positions of the prompt up to the end of its last item, and the delta after it.
+
+        The same numbers as transformers' ``get_rope_index`` for bos/eos-framed items (checked by
+        tests/integration/test_omni_thinker.py), computed from the ranges alone: text advances all
+        rows by one; an image's tokens sit at start + (t * position_id_per_seconds, row, column)
+        of its merged grid; audio advances by one per token; the next token starts after the max.
+        """
+        segments, cursor, next_pos = [], 0, 0
+        for item in items:
+            gap = item.mm.offset - cursor
+            segments.append(torch.arange(next_pos, next_pos + gap).expand(3, -1))
+            next_pos += gap
+            if item.modality == "image":
+                t, h, w = (int(x) for x in extras["image_grid_thw"][item.index])
+                h, w = h // self.merge_size, w // self.merge_size
+                grid = torch.stack(
+                    torch.meshgrid(
+                        torch.arange(t) * self.position_id_per_seconds,
+                        torch.arange(h),
+                        torch.arange(w),
+                        indexing="ij",
+                    )
+                ).reshape(3, -1)
+                segment = grid + next_pos
+            else:
+                segment = torch.arange(next_pos, next_pos + item.mm.length).expand(3, -1)
+            segments.append(segment)
+            next_pos = int(segment.max()) + 1
+            cursor = item.mm.offset + item.mm.length
+        return torch.cat(segments, dim=1).long(), next_pos - cursor
+
+    def _num_tokens(self, item: _Item, extras: dict) -> int:
+        if item.modality == "image":
+            return int(np.prod(extras["image_grid_thw"][item.index])) // self.merge_size**2
+        frames = int(np.sum(extras["feature_attention_mask"][item.index]))
+        return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+
+    def _encode(self, item: _Item, extras: dict) -> torch.Tensor:
+        """The item's encoder output [length, hidden]: from the cache, or one tower run."""
+        identifier = item.mm.identifier
+        cached = self.encoder_cache.get(identifier)
+        if cached is not None:
+            return cached
+        inner = self.model.model
+        if item.modality == "image":
+            # Copies: arrays that came through Ray are read-only, which torch warns about.
+            pixels = torch.tensor(np.asarray(extras["pixel_values"][item.index]))
+            pixels = pixels.to(inner.visual.dtype)
+            grid = torch.tensor(np.asarray(extras["image_grid_thw"][item.index])).view(1, 3)
+            features = inner.get_image_features(pixels, grid, return_dict=True).pooler_output[0]
+        else:
+            feats = torch.tensor(np.asarray(extras["input_features"][item.index])).unsqueeze(0)
+            mask = torch.tensor(np.asarray(extras["feature_attention_mask"][item.index]))
+            features = inner.get_audio_features(
+                feats.to(inner.audio_tower.dtype), mask.view(1, -1).long(), return_dict=True
+            ).last_hidden_state
+        self.encoder_runs[item.modality] += 1
+        if features.shape[0] != item.mm.length:
+            raise RuntimeError(
+                f"{item.modality} {identifier!r}: encoder gave {features.shape[0]} embeddings for "
+                f"a range of {item.mm.length} tokens"
+            )
+        features = features.to(self.dtype)
+        self.encoder_cache.put(identifier, features)
+        return features
+
+
+register_adapter("qwen2_5_omni_thinker")(OmniThinkerAdapter)
