@@ -34,9 +34,18 @@ def load_hf(model_dir: str):
 
 
 def run_generate(
-    model, prompts: list[list[int]], *, thinker_tokens: int, talker_tokens: int, seed: int = 0
+    model,
+    prompts: list[list[int]],
+    *,
+    thinker_tokens: int,
+    talker_tokens: int,
+    seed: int = 0,
+    media: dict | None = None,
 ) -> list[OmniReference]:
-    """Full generate on `prompts` (left-padded into one batch when several), greedy talker."""
+    """Full generate on `prompts` (left-padded into one batch when several), greedy talker.
+
+    media: multimodal generate kwargs for a single prompt (thinker_pixel_values, image_grid_thw,
+    input_features, feature_attention_mask), e.g. tools.omni_preprocess's generate_kwargs."""
     seen: dict[str, object] = {}
 
     def wrap(name):
@@ -64,6 +73,7 @@ def run_generate(
                 thinker_max_new_tokens=thinker_tokens,
                 talker_max_new_tokens=talker_tokens,
                 talker_do_sample=False,
+                **(media or {}),
             )
     finally:
         del model.thinker.generate, model.talker.generate
