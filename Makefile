@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
+export TRANSFORMERS_VERBOSITY := error
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0

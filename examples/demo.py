@@ -1,4 +1,7 @@
-"""`make demo`: a two-stage pipeline on a local Ray instance, one long prompt sent twice.
+"""`make demo`: Qwen2.5-Omni (thinker -> talker -> token2wav) on a local Ray instance: an image
+and a long question sent twice; the answer's text, a WAV file, timings and per-stage cache
+statistics (the second request is served from the caches). `--two-stage` runs the generic
+two-stage pipeline instead:
 
 Stage `a` (a tiny Qwen2-style causal LM) reads the prompt and generates; its per-token hidden
 states go, actor to actor through Ray's object store, to stage `b` (a tiny Llama-style causal LM)
@@ -26,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tools/ is not an installed package
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # config-range notes about tiny checkpoints
 
 DOCUMENT = (
     "Prefix caching keeps the key and value blocks of every prompt a stage has seen, indexed by "
@@ -42,6 +46,34 @@ class Scenario:
     title: str
     config: Any  # an OmniConfig
     prompts: list[Any]  # sent one after another, each as its own generate() call
+    sampling_params: Any = None  # None: each stage's config defaults
+    wav_path: str | None = None  # where to write the final stage's audio, if any
+
+
+def omni_scenario() -> Scenario:
+    import numpy as np
+    from PIL import Image
+
+    from omni.config import config_for_model
+    from omni.core.sampling_params import SamplingParams
+    from tools.make_tiny_checkpoint import ensure_checkpoint
+
+    model_dir = ensure_checkpoint("qwen2_5_omni", "tiny", 0)
+    config = config_for_model(model_dir)
+    # A synthetic test card: colour gradients, no files or downloads needed.
+    pixels = np.zeros((112, 168, 3), dtype=np.uint8)
+    pixels[..., 0] = np.linspace(0, 255, 168, dtype=np.uint8)
+    pixels[..., 1] = np.linspace(255, 0, 112, dtype=np.uint8)[:, None]
+    pixels[40:72, 60:108, 2] = 255
+    prompt = {"prompt": DOCUMENT * 4 + "Look at the picture: which colours are in it?",
+              "images": [Image.fromarray(pixels)]}
+    params = [
+        SamplingParams(max_tokens=16),  # thinker
+        SamplingParams(max_tokens=48, stop_token_ids=(8292, 8294)),  # talker: codec EOS ids
+        SamplingParams(max_tokens=1, seed=0),  # token2wav: the DiT noise seed
+    ]
+    return Scenario("Qwen2.5-Omni (tiny random weights): thinker -> talker -> token2wav",
+                    config, [prompt, prompt], params, str(REPO / "out" / "demo_answer.wav"))
 
 
 def two_stage_scenario() -> Scenario:
@@ -72,7 +104,7 @@ def run(scenario: Scenario) -> None:
         outputs = []
         for index, prompt in enumerate(scenario.prompts, 1):
             t0 = time.perf_counter()
-            (output,) = omni.generate(prompt, use_tqdm=False)
+            (output,) = omni.generate(prompt, scenario.sampling_params, use_tqdm=False)
             wall = time.perf_counter() - t0
             outputs.append(output)
             if output.error:
@@ -86,7 +118,11 @@ def run(scenario: Scenario) -> None:
                     f"from the prefix cache, {len(r.token_ids)} generated in "
                     f"{r.timings.get('latency_s', 0.0):.2f} s; tensors {rows}"
                 )
-            print(f"  final text: {output.final.text!r}")
+            texts = {n: r.text for n, r in output.stages.items() if r.text is not None}
+            print(f"  text: {texts}")
+            if output.final.audio is not None and scenario.wav_path:
+                seconds = _write_wav(scenario.wav_path, output.final.audio, output.final.sample_rate)
+                print(f"  audio: {seconds:.2f} s at {output.final.sample_rate} Hz -> {scenario.wav_path}")
             stats = omni.stats()
             for name in omni.order:
                 print("  " + _cache_line(name, stats[name], previous[name]))
@@ -94,6 +130,21 @@ def run(scenario: Scenario) -> None:
         same = all(o.final.token_ids == outputs[0].final.token_ids for o in outputs)
         print(f"\nall requests gave the same final tokens: {same}")
     print(f"done in {time.perf_counter() - start:.1f} s (shutdown included)")
+
+
+def _write_wav(path: str, audio, sample_rate: int) -> float:
+    import wave
+
+    import numpy as np
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pcm = (np.clip(audio.numpy(), -1.0, 1.0) * 32767).astype("<i2")
+    with wave.open(path, "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(sample_rate)
+        f.writeframes(pcm.tobytes())
+    return len(pcm) / sample_rate
 
 
 def _cache_line(name: str, now: dict, before: dict) -> str:
@@ -110,4 +161,4 @@ def _cache_line(name: str, now: dict, before: dict) -> str:
 
 
 if __name__ == "__main__":
-    run(two_stage_scenario())
+    run(two_stage_scenario() if "--two-stage" in sys.argv[1:] else omni_scenario())
