@@ -32,9 +32,14 @@ class Omni:
         config: str | os.PathLike | dict | OmniConfig | None = None,
         *,
         model: str | None = None,
+        variables: dict[str, str] | None = None,
         **overrides: Any,
     ) -> None:
-        self.config = _resolve_config(config, model, overrides)
+        """config: a stage-config YAML path, an equivalent dict or an OmniConfig; model: a
+        checkpoint directory (picks stage_configs/<model_type>.yaml without a config, and is
+        ${MODEL} in one); variables: more ${NAME} values; overrides: dotted keys or nested
+        dicts, e.g. runtime={"backend": "local"} or **{"stages.llm.engine.num_blocks": 64}."""
+        self.config = _resolve_config(config, model, variables, overrides)
         self.order = self.config.topological_order()
         root = self.config.root_stages[0]
         self.prompt_processor: PromptProcessor = get_prompt_processor(root.adapter)(root.model)
@@ -162,7 +167,9 @@ class Omni:
         return {s.name: p for s, p in zip(stages, params, strict=True)}
 
 
-def _resolve_config(config: Any, model: str | None, overrides: dict[str, Any]) -> OmniConfig:
+def _resolve_config(
+    config: Any, model: str | None, variables: dict[str, str] | None, overrides: dict[str, Any]
+) -> OmniConfig:
     if isinstance(config, OmniConfig):
         if overrides:
             return load_config(config.to_dict(), overrides)
@@ -173,7 +180,8 @@ def _resolve_config(config: Any, model: str | None, overrides: dict[str, Any]) -
                 "Omni needs a config (YAML path or dict) or model=<checkpoint directory>"
             )
         return config_for_model(model, overrides or None)
-    return load_config(config, overrides or None, {"MODEL": model} if model else None)
+    variables = {**({"MODEL": model} if model else {}), **(variables or {})}
+    return load_config(config, overrides or None, variables or None)
 
 
 class _NoProgress:

@@ -4,6 +4,8 @@ fails in a stage fails alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from two_stage_support import assert_same, direct_run, prompts, two_stage_config
 
@@ -151,3 +153,18 @@ def test_diamond_graph_waits_for_all_inputs(dirs):
         assert s["b"].prompt_token_ids == s["a"].token_ids == s["c"].prompt_token_ids
         assert s["d"].prompt_token_ids == s["b"].token_ids + s["c"].token_ids
     assert streamed[0] == "a" and streamed[-1] == "d" and sorted(streamed) == ["a", "b", "c", "d"]
+
+
+def test_yaml_with_variables_and_overrides(dirs):
+    repo = Path(__file__).resolve().parents[2]
+    variables = {"MODEL_A": str(dirs[0]), "MODEL_B": str(dirs[1])}
+    with Omni(
+        repo / "stage_configs" / "tiny_two_stage.yaml",
+        variables=variables,
+        runtime={"backend": "local"},
+        **{"stages.a.engine.num_blocks": 64},
+    ) as omni:
+        assert omni.config.stage("a").engine.num_blocks == 64
+        assert omni.config.stage("b").model == variables["MODEL_B"]
+        (out,) = omni.generate("a short prompt", use_tqdm=False)
+        assert out.error is None and out.final.token_ids
