@@ -90,6 +90,7 @@ def two_stage_scenario() -> Scenario:
 
 
 def run(scenario: Scenario) -> None:
+    from omni.audio import write_wav
     from omni.pipeline import Omni
 
     print(f"== {scenario.title}")
@@ -121,7 +122,7 @@ def run(scenario: Scenario) -> None:
             texts = {n: r.text for n, r in output.stages.items() if r.text is not None}
             print(f"  text: {texts}")
             if output.final.audio is not None and scenario.wav_path:
-                seconds = _write_wav(scenario.wav_path, output.final.audio, output.final.sample_rate)
+                seconds = write_wav(scenario.wav_path, output.final.audio, output.final.sample_rate)
                 print(f"  audio: {seconds:.2f} s at {output.final.sample_rate} Hz -> {scenario.wav_path}")
             stats = omni.stats()
             for name in omni.order:
@@ -130,21 +131,6 @@ def run(scenario: Scenario) -> None:
         same = all(o.final.token_ids == outputs[0].final.token_ids for o in outputs)
         print(f"\nall requests gave the same final tokens: {same}")
     print(f"done in {time.perf_counter() - start:.1f} s (shutdown included)")
-
-
-def _write_wav(path: str, audio, sample_rate: int) -> float:
-    import wave
-
-    import numpy as np
-
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    pcm = (np.clip(audio.numpy(), -1.0, 1.0) * 32767).astype("<i2")
-    with wave.open(path, "wb") as f:
-        f.setnchannels(1)
-        f.setsampwidth(2)
-        f.setframerate(sample_rate)
-        f.writeframes(pcm.tobytes())
-    return len(pcm) / sample_rate
 
 
 def _cache_line(name: str, now: dict, before: dict) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -19,16 +18,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omni import Omni, SamplingParams  # noqa: E402
-
-
-def write_wav(path: str, audio, sample_rate: int) -> None:
-    """16-bit mono PCM with the stdlib wave module."""
-    pcm = (np.clip(audio.numpy(), -1.0, 1.0) * 32767).astype("<i2")
-    with wave.open(path, "wb") as f:
-        f.setnchannels(1)
-        f.setsampwidth(2)
-        f.setframerate(sample_rate)
-        f.writeframes(pcm.tobytes())
+from omni.audio import write_wav  # noqa: E402
 
 
 def main() -> None:
@@ -60,8 +50,7 @@ def main() -> None:
         raise SystemExit(f"request failed: {out.error}")
     print("text:", out.stages["thinker"].text)
     print("codec tokens:", len(out.stages["talker"].token_ids))
-    write_wav(args.out, out.final.audio, out.final.sample_rate)
-    seconds = out.final.audio.numel() / out.final.sample_rate
+    seconds = write_wav(args.out, out.final.audio, out.final.sample_rate)
     print(f"wrote {args.out}: {seconds:.2f} s at {out.final.sample_rate} Hz")
 
 

@@ -167,24 +167,11 @@ def _run(args: argparse.Namespace, config: OmniConfig) -> int:
                 file=sys.stderr,
             )
             return EXIT_FAILED
+        from omni.audio import write_wav
+
         write_wav(args.output_wav, final.audio, final.sample_rate)
         print(f"wrote {args.output_wav}")
     return 0
-
-
-def write_wav(path: str, audio: Any, sample_rate: int) -> None:
-    """Mono 16-bit PCM from float samples in [-1, 1] (values outside are clipped)."""
-    import wave
-
-    import numpy as np
-
-    samples = np.asarray(audio.detach().cpu() if hasattr(audio, "detach") else audio)
-    pcm = (np.clip(samples.astype(np.float32).reshape(-1), -1.0, 1.0) * 32767).astype("<i2")
-    with wave.open(path, "wb") as f:
-        f.setnchannels(1)
-        f.setsampwidth(2)
-        f.setframerate(int(sample_rate))
-        f.writeframes(pcm.tobytes())
 
 
 if __name__ == "__main__":

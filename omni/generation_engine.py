@@ -15,6 +15,7 @@ from collections import OrderedDict
 import torch
 
 from omni.config import StageConfig
+from omni.engine import StageEngine
 from omni.outputs import StageInput, StageResult
 from stages.registry import get_adapter
 
@@ -86,14 +87,8 @@ class GenerationEngine:
     def _batch_size(self) -> int:
         return min(len(self._pending), self.config.engine.max_num_seqs)
 
-    def run_until_done(self, max_steps: int = 1_000_000) -> list[StageResult]:
-        """Step until every queued request finished (local use and tests)."""
-        results: list[StageResult] = []
-        for _ in range(max_steps):
-            if not self.has_unfinished:
-                return results
-            results.extend(self.step())
-        raise RuntimeError(f"stage {self.name!r}: not done after {max_steps} steps")
+    # The same loop as the AR engine's: step until every queued request finished.
+    run_until_done = StageEngine.run_until_done
 
     def _result(self, stage_input: StageInput, reason: str, arrival: float) -> StageResult:
         return StageResult(

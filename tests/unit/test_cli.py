@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omni.cli import main, write_wav
+from omni.audio import write_wav
+from omni.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 TWO_STAGE = str(REPO / "stage_configs" / "tiny_two_stage.yaml")
