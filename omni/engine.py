@@ -78,6 +78,7 @@ class StageEngine:
             stage_input.prompt_token_ids,
             mm_inputs=stage_input.mm_inputs,
             cache_salt=stage_input.cache_salt,
+            generation_key=stage_input.generation_key,
             sampling_params=stage_input.sampling_params,
             eos_token_id=self.model.eos_token_id,
         )

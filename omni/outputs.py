@@ -20,6 +20,8 @@ class StageInput:
     cache_salt: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     """Adapter-specific inputs: upstream embeddings, pixel values, audio features, ..."""
+    generation_key: str | None = None
+    """What besides token ids determines the inputs at generated positions (see Request)."""
 
 
 @dataclass

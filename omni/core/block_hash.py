@@ -47,7 +47,7 @@ def block_extra_keys(request: Request, block_index: int, block_size: int) -> Ext
 
     Every multimodal input overlapping the block as (identifier, its offset relative to the block
     start); the LoRA id on every block; the cache salt on the first block only (the chain carries it
-    to all later blocks).
+    to all later blocks); the generation key on every block holding a generated token.
     """
     start = block_index * block_size
     end = start + block_size
@@ -61,6 +61,8 @@ def block_extra_keys(request: Request, block_index: int, block_size: int) -> Ext
         keys.append(("lora", request.lora_id))
     if block_index == 0 and request.cache_salt is not None:
         keys.append(("salt", request.cache_salt))
+    if request.generation_key is not None and end > request.num_prompt_tokens:
+        keys.append(("gen", request.generation_key))
     return tuple(keys)
 
 
@@ -95,14 +97,13 @@ def hash_request_blocks(request: Request, block_size: int, hash_algo: str) -> li
     new_token_ids = request.all_token_ids[first * block_size : num_full_blocks * block_size]
     token_bytes = struct.pack(f"<{len(new_token_ids)}I", *new_token_ids)
     width = 4 * block_size
-    salted = request.cache_salt is not None
-    has_extras = bool(request.mm_inputs) or request.lora_id is not None
     parent = hashes[-1] if hashes else ROOT_PARENT_HASH
     for index in range(first, num_full_blocks):
         offset = (index - first) * width
         data = parent + token_bytes[offset : offset + width]
-        if has_extras or (salted and index == 0):
-            data += b"\xff" + encode_extra_keys(block_extra_keys(request, index, block_size))
+        extras = block_extra_keys(request, index, block_size) if request.has_block_extras else ()
+        if extras:
+            data += b"\xff" + encode_extra_keys(extras)
         parent = hash_fn(data)
         hashes.append(parent)
     return hashes

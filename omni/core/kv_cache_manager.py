@@ -47,18 +47,13 @@ class KVCacheManager:
         hashes = hash_request_blocks(request, self.block_size, self.hash_algo)
         max_blocks = min(len(hashes), (request.num_tokens - 1) // self.block_size)
         token_ids = request.all_token_ids
-        has_extras = bool(request.mm_inputs) or request.lora_id is not None
         block_size = self.block_size
         lookup = self.pool.lookup
         hit_ids: list[int] = []
         parent: Block | None = None
         for index in range(max_blocks):
             start = index * block_size
-            extras = (
-                block_extra_keys(request, index, block_size)
-                if has_extras or (index == 0 and request.cache_salt is not None)
-                else ()
-            )
+            extras = block_extra_keys(request, index, block_size) if request.has_block_extras else ()
             block = lookup(hashes[index], parent, token_ids[start : start + block_size], extras)
             if block is None:
                 break
@@ -124,18 +119,12 @@ class KVCacheManager:
         hashes = hash_request_blocks(request, self.block_size, self.hash_algo)
         token_ids = request.all_token_ids
         size = self.block_size
-        has_extras = bool(request.mm_inputs) or request.lora_id is not None
-        salted = request.cache_salt is not None
         cache_block = self.pool.cache_block
         parent = req_blocks[num_cached - 1] if num_cached else None
         for index in range(num_cached, num_full):
             block = req_blocks[index]
             if block.block_hash is None:
-                extras = (
-                    block_extra_keys(request, index, size)
-                    if has_extras or (salted and index == 0)
-                    else ()
-                )
+                extras = block_extra_keys(request, index, size) if request.has_block_extras else ()
                 tokens = token_ids[index * size : (index + 1) * size]
                 cache_block(block, hashes[index], tokens, extras, parent)
             parent = block

@@ -47,6 +47,7 @@ class Request:
         mm_inputs: Iterable[MultiModalInput] = (),
         lora_id: str | None = None,
         cache_salt: str | None = None,
+        generation_key: str | None = None,
         sampling_params: SamplingParams | None = None,
         eos_token_id: int | None = None,
     ) -> None:
@@ -55,6 +56,13 @@ class Request:
         self.mm_inputs = _check_mm_inputs(request_id, tuple(mm_inputs), len(self.prompt_token_ids))
         self.lora_id = lora_id
         self.cache_salt = cache_salt
+        # What besides token ids determines the model's inputs at generated positions (e.g. a
+        # talker's per-step thinker rows): keys every block holding a generated token.
+        self.generation_key = generation_key
+        # Whether any block can have extra keys (all four inputs above are fixed for life).
+        self.has_block_extras = bool(self.mm_inputs) or any(
+            key is not None for key in (lora_id, cache_salt, generation_key)
+        )
         self.sampling_params = sampling_params or SamplingParams()
         self.eos_token_id = eos_token_id
         self.output_token_ids: list[int] = []

@@ -28,13 +28,15 @@ embedding at t; the thinker is causal and deterministic, so those depend only on
 0..t and on the multimodal items overlapping them, all of which the chained block hash covers.
 Position P depends on the speaker (its key), P + 1 on the prompt and g_0. So two requests share a
 talker prompt block only if every input row in it (and before it) is the same.
-Limitation: decode positions also add a reply row (from g_1, g_2, ...) that the hash of generated
-blocks does not cover. Those hashes are looked up only when a preempted request is resumed; two
-requests with equal talker prompts but different thinker replies would then also need identical
-codec tokens for a whole block to collide. With a greedy thinker equal prompts mean equal replies.
+Decode positions also add a reply row (from g_1, g_2, ...): the request's generation_key, a hash
+of the whole thinker reply, keys every block holding a generated position, so generated blocks
+(looked up when a preempted request resumes) are shared only between equal replies.
 """
 
 from __future__ import annotations
+
+import hashlib
+import struct
 
 from omni.inputs import PromptInput
 from omni.outputs import StageInput, StageResult
@@ -97,6 +99,7 @@ def thinker_to_talker(
         prompt_token_ids=prompt + [speaker_key(speaker), output[0]],
         mm_inputs=tuple(request.mm_inputs),
         cache_salt=salt,
+        generation_key=_reply_key(output),
         extras={
             "thinker_prompt_ids": prompt,
             "thinker_output_ids": output,
@@ -107,6 +110,10 @@ def thinker_to_talker(
             **_mm_extras(request),
         },
     )
+
+
+def _reply_key(output: list[int]) -> str:
+    return hashlib.sha256(struct.pack(f"<{len(output)}I", *output)).hexdigest()[:32]
 
 
 @register_input_processor("thinker_to_talker_unmasked")

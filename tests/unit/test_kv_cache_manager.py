@@ -291,3 +291,21 @@ def test_parent_identity_includes_its_version():
     pool.cache_block(parent, b"h", [8, 8], (), None)  # same block, new content
     assert pool.lookup(b"h", None, [8, 8], ()) is parent
     assert pool.lookup(b"h", parent, [3, 4], ()) is None
+
+
+def test_generation_key_separates_generated_blocks_only():
+    manager = KVCacheManager(num_blocks=16, block_size=4)
+    first = Request("a", list(range(8)), generation_key="reply-1")
+    admit(manager, first)
+    for token in (50, 51, 52, 53, 54):
+        first.append_output_token_ids(token)
+        manager.allocate_slots(first, 1)
+        first.num_computed_tokens += 1
+    # Same prompt and same generated tokens: a resumed request with the same key hits all three
+    # full blocks; with another key only the two prompt blocks.
+    same = Request("b", list(range(8)), generation_key="reply-1")
+    same.append_output_token_ids([50, 51, 52, 53, 54])
+    other = Request("c", list(range(8)), generation_key="reply-2")
+    other.append_output_token_ids([50, 51, 52, 53, 54])
+    assert manager.get_computed_blocks(same)[1] == 12
+    assert manager.get_computed_blocks(other)[1] == 8
