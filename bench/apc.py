@@ -33,13 +33,17 @@ from omni.outputs import StageInput  # noqa: E402
 
 
 def engine_for(model_dir: str, caching: bool, **engine) -> StageEngine:
-    config = config_for_model(model_dir, {"stages.llm.engine": {"enable_prefix_caching": caching, **engine}})
+    config = config_for_model(
+        model_dir, {"stages.llm.engine": {"enable_prefix_caching": caching, **engine}}
+    )
     return StageEngine(config.stages[0])
 
 
 def timed_request(engine: StageEngine, request_id: str, token_ids: list[int], max_tokens: int):
     """(TTFT, total seconds, result) for one request run alone."""
-    engine.add_request(StageInput(request_id, token_ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+    engine.add_request(
+        StageInput(request_id, token_ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    )
     start = time.perf_counter()
     ttft = None
     while True:
@@ -58,7 +62,9 @@ def long_document(model_dir: str, tokenizer, args) -> None:
     for caching in (False, True):
         engine = engine_for(model_dir, caching)
         timed_request(engine, "warm", prompts[0], args.max_tokens)
-        runs = [timed_request(engine, f"q{i}", p, args.max_tokens) for i, p in enumerate(prompts[1:])]
+        runs = [
+            timed_request(engine, f"q{i}", p, args.max_tokens) for i, p in enumerate(prompts[1:])
+        ]
         rows[caching] = runs
     num_prompt = statistics.mean(len(p) for p in prompts[1:])
     num_cached = statistics.mean(r[2].num_cached_tokens for r in rows[True])
@@ -67,19 +73,28 @@ def long_document(model_dir: str, tokenizer, args) -> None:
     ttft_on = statistics.median(r[0] for r in rows[True])
     total_off = statistics.median(r[1] for r in rows[False])
     total_on = statistics.median(r[1] for r in rows[True])
-    print(f"\n1. Long document: {len(document)}-token table, {args.questions} later questions, "
-          f"{args.max_tokens} new tokens each (medians)")
+    print(
+        f"\n1. Long document: {len(document)}-token table, {args.questions} later questions, "
+        f"{args.max_tokens} new tokens each (medians)"
+    )
     print(f"{'caching':>8} | {'TTFT ms':>8} | {'total ms':>9} | {'hit rate':>8}")
     print(f"{'off':>8} | {ttft_off * 1e3:>8.1f} | {total_off * 1e3:>9.1f} | {0:>8.1%}")
-    print(f"{'on':>8} | {ttft_on * 1e3:>8.1f} | {total_on * 1e3:>9.1f} | {num_cached / num_prompt:>8.1%}")
+    print(
+        f"{'on':>8} | {ttft_on * 1e3:>8.1f} | {total_on * 1e3:>9.1f} | {num_cached / num_prompt:>8.1%}"
+    )
     speedup = ttft_off / ttft_on
-    print(f"TTFT speedup {speedup:.1f}x; theoretical limit {limit:.1f}x (prompt / uncached tokens); "
-          f"{speedup / limit:.0%} of the limit. Total-time speedup {total_off / total_on:.2f}x.")
+    print(
+        f"TTFT speedup {speedup:.1f}x; theoretical limit {limit:.1f}x (prompt / uncached tokens); "
+        f"{speedup / limit:.0%} of the limit. Total-time speedup {total_off / total_on:.2f}x."
+    )
 
 
 def zero_hit_cost(model_dir: str, vocab: int, args) -> None:
     rng = random.Random(1)
-    prompts = [[rng.randrange(3, vocab) for _ in range(args.unique_len)] for _ in range(args.unique_prompts)]
+    prompts = [
+        [rng.randrange(3, vocab) for _ in range(args.unique_len)]
+        for _ in range(args.unique_prompts)
+    ]
     throughput = {True: [], False: []}
     for repeat in range(args.repeats):
         for caching in (False, True) if repeat % 2 == 0 else (True, False):
@@ -95,8 +110,10 @@ def zero_hit_cost(model_dir: str, vocab: int, args) -> None:
             num_tokens = sum(r.num_prompt_tokens + len(r.token_ids) for r in results)
             throughput[caching].append(num_tokens / elapsed)
     off, on = statistics.median(throughput[False]), statistics.median(throughput[True])
-    print(f"\n2. 0% hit rate: {args.unique_prompts} unique prompts x {args.unique_len} tokens, "
-          f"{args.max_tokens} new tokens, median of {args.repeats}")
+    print(
+        f"\n2. 0% hit rate: {args.unique_prompts} unique prompts x {args.unique_len} tokens, "
+        f"{args.max_tokens} new tokens, median of {args.repeats}"
+    )
     print(f"{'caching':>8} | {'tokens/s':>9}")
     print(f"{'off':>8} | {off:>9.0f}")
     print(f"{'on':>8} | {on:>9.0f}")
@@ -120,7 +137,13 @@ def versus_transformers(model_dir: str, vocab: int, args) -> None:
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     start = time.perf_counter()
     with torch.inference_mode():
-        model.generate(ids, attention_mask=mask, max_new_tokens=args.max_tokens, do_sample=False, pad_token_id=0)
+        model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=args.max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
     hf_s = time.perf_counter() - start
     new_tokens = 16 * args.max_tokens
     print(f"\n3. 16 prompts (64-255 tokens), {args.max_tokens} new tokens each, greedy")
@@ -131,7 +154,9 @@ def versus_transformers(model_dir: str, vocab: int, args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", help="checkpoint directory (default: the bench-size tiny qwen2)")
     parser.add_argument("--questions", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)

@@ -34,11 +34,15 @@ def make_trace(args: argparse.Namespace) -> list[list[int]]:
     return prompts
 
 
-def replay(prompts: list[list[int]], args: argparse.Namespace, hash_algo: str) -> tuple[float, float, float]:
+def replay(
+    prompts: list[list[int]], args: argparse.Namespace, hash_algo: str
+) -> tuple[float, float, float]:
     """Returns (total seconds, seconds spent hashing, hit rate)."""
     blocks_per_request = -(-args.num_tokens // args.block_size)
     manager = KVCacheManager(
-        num_blocks=blocks_per_request * (args.max_running + 8), block_size=args.block_size, hash_algo=hash_algo
+        num_blocks=blocks_per_request * (args.max_running + 8),
+        block_size=args.block_size,
+        hash_algo=hash_algo,
     )
     requests = [Request(f"r{i}", p) for i, p in enumerate(prompts)]
     running: list[Request] = []
@@ -61,13 +65,19 @@ def replay(prompts: list[list[int]], args: argparse.Namespace, hash_algo: str) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--num-requests", type=int, default=10_000)
     parser.add_argument("--num-tokens", type=int, default=1024)
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--shared-fraction", type=float, default=0.5, help="prefix shared within a group")
+    parser.add_argument(
+        "--shared-fraction", type=float, default=0.5, help="prefix shared within a group"
+    )
     parser.add_argument("--group-size", type=int, default=8, help="requests sharing one prefix")
-    parser.add_argument("--max-running", type=int, default=32, help="requests holding blocks at once")
+    parser.add_argument(
+        "--max-running", type=int, default=32, help="requests holding blocks at once"
+    )
     parser.add_argument("--vocab", type=int, default=32_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -90,8 +100,10 @@ def main() -> None:
             f"{algo:>7} | {total:>10.1f} | {total / blocks_per_request:>8.2f} | {hashing:>11.1f} | "
             f"{total - hashing:>14.1f} | {runs[0][2]:>8.1%} | {vllm / total:>6.2f}x"
         )
-    print(f"vLLM reference: {VLLM_US_PER_REQUEST:.0f} us/request + {VLLM_SHA256_HASH_US[0]:.0f}-"
-          f"{VLLM_SHA256_HASH_US[1]:.0f} us sha256 hashing = ~{vllm:.0f} us/request")
+    print(
+        f"vLLM reference: {VLLM_US_PER_REQUEST:.0f} us/request + {VLLM_SHA256_HASH_US[0]:.0f}-"
+        f"{VLLM_SHA256_HASH_US[1]:.0f} us sha256 hashing = ~{vllm:.0f} us/request"
+    )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ def best_of(fn, repeats: int) -> float:
 def gather_table(args) -> None:
     block_size = 16
     print("\n1. Gather of a prefix hit vs a plain copy (clone) of the same bytes (best of 5)")
-    print(f"{'rows':>6} | {'D':>5} | {'MiB':>6} | {'gather GB/s':>11} | {'copy GB/s':>9} | {'ratio':>5}")
+    print(
+        f"{'rows':>6} | {'D':>5} | {'MiB':>6} | {'gather GB/s':>11} | {'copy GB/s':>9} | {'ratio':>5}"
+    )
     dims = (1024, 4096) if args.quick else (1024, 2048, 4096)
     rows_list = (1024, 8192) if args.quick else (1024, 8192, 65536)
     for dim in dims:
@@ -53,12 +55,16 @@ def gather_table(args) -> None:
         for rows in rows_list:
             block_ids = random.Random(rows).sample(range(num_blocks), rows // block_size)
             src = torch.randn(rows, dim)
-            gather_s = best_of(lambda c=cache, b=block_ids, r=rows: c.gather(b, r, admitted_step=1), 5)
+            gather_s = best_of(
+                lambda c=cache, b=block_ids, r=rows: c.gather(b, r, admitted_step=1), 5
+            )
             # Both produce a new tensor to hand to the next stage (fresh pages included).
             copy_s = best_of(lambda s=src: s.clone(), 5)
             nbytes = rows * dim * 4
-            print(f"{rows:>6} | {dim:>5} | {nbytes / 2**20:>6.0f} | {nbytes / gather_s / 1e9:>11.2f} | "
-                  f"{nbytes / copy_s / 1e9:>9.2f} | {copy_s / gather_s:>5.2f}")
+            print(
+                f"{rows:>6} | {dim:>5} | {nbytes / 2**20:>6.0f} | {nbytes / gather_s / 1e9:>11.2f} | "
+                f"{nbytes / copy_s / 1e9:>9.2f} | {copy_s / gather_s:>5.2f}"
+            )
 
 
 def write_cost(model_dir: str) -> None:
@@ -70,7 +76,9 @@ def write_cost(model_dir: str) -> None:
     print(f"{'step':>16} | {'tokens':>6} | {'forward ms':>10} | {'write ms':>8} | {'share':>6}")
     rng = random.Random(0)
     for label, num_seqs, num_tokens in (("prefill", 1, 1024), ("decode batch 16", 16, 16)):
-        prompts = [[rng.randrange(3, 2000) for _ in range(num_tokens // num_seqs)] for _ in range(num_seqs)]
+        prompts = [
+            [rng.randrange(3, 2000) for _ in range(num_tokens // num_seqs)] for _ in range(num_seqs)
+        ]
         for i, p in enumerate(prompts):
             engine.add_request(StageInput(f"{label}{i}", p, SamplingParams(max_tokens=1)))
         scheduler_output = engine.scheduler.schedule()
@@ -78,22 +86,32 @@ def write_cost(model_dir: str) -> None:
         with torch.inference_mode():
             forward_s = best_of(lambda b=batch: engine.model.forward(b.model_inputs), 3)
         rows = torch.randn(batch.slot_mapping.numel(), dim)
-        write_s = best_of(lambda b=batch, r=rows: cache.write(b.slot_mapping, {"hidden_states": r}), 3)
+        write_s = best_of(
+            lambda b=batch, r=rows: cache.write(b.slot_mapping, {"hidden_states": r}), 3
+        )
         engine.update(scheduler_output, engine.runner.execute(scheduler_output))
         engine.run_until_done()
-        print(f"{label:>16} | {batch.slot_mapping.numel():>6} | {forward_s * 1e3:>10.1f} | "
-              f"{write_s * 1e3:>8.3f} | {write_s / forward_s:>6.2%}")
+        print(
+            f"{label:>16} | {batch.slot_mapping.numel():>6} | {forward_s * 1e3:>10.1f} | "
+            f"{write_s * 1e3:>8.3f} | {write_s / forward_s:>6.2%}"
+        )
 
 
 def end_to_end(model_dir: str, args) -> None:
     rng = random.Random(1)
     document = [rng.randrange(3, 2000) for _ in range(args.prompt_len)]
     questions = [[rng.randrange(3, 2000) for _ in range(12)] for _ in range(args.questions + 1)]
-    print(f"\n3. Repeated {args.prompt_len}-token prefix, {args.questions} later requests returning full hidden states")
-    print(f"{'output cache':>12} | {'median s/request':>16} | {'hit rate':>8} | {'rows served':>11} | {'rows recomputed':>15}")
+    print(
+        f"\n3. Repeated {args.prompt_len}-token prefix, {args.questions} later requests returning full hidden states"
+    )
+    print(
+        f"{'output cache':>12} | {'median s/request':>16} | {'hit rate':>8} | {'rows served':>11} | {'rows recomputed':>15}"
+    )
     medians = {}
     for cache_outputs in (False, True):
-        config = config_for_model(model_dir, {"stages.llm.engine": {"cache_outputs": cache_outputs}})
+        config = config_for_model(
+            model_dir, {"stages.llm.engine": {"cache_outputs": cache_outputs}}
+        )
         engine = StageEngine(config.stages[0])
         params = SamplingParams(max_tokens=4, ignore_eos=True)
         engine.add_request(StageInput("warm", document + questions[0], params))
@@ -106,15 +124,21 @@ def end_to_end(model_dir: str, args) -> None:
             times.append(time.perf_counter() - start)
         assert all(r.tensors["hidden_states"].shape[0] == len(document) + 12 + 3 for r in results)
         stats = engine.stats()
-        hit_rate = sum(r.num_cached_tokens for r in results) / sum(r.num_prompt_tokens for r in results)
+        hit_rate = sum(r.num_cached_tokens for r in results) / sum(
+            r.num_prompt_tokens for r in results
+        )
         medians[cache_outputs] = statistics.median(times)
-        print(f"{'on' if cache_outputs else 'off':>12} | {medians[cache_outputs]:>16.3f} | {hit_rate:>8.1%} | "
-              f"{stats['output_hit_rows']:>11} | {stats['rows_recomputed']:>15}")
+        print(
+            f"{'on' if cache_outputs else 'off':>12} | {medians[cache_outputs]:>16.3f} | {hit_rate:>8.1%} | "
+            f"{stats['output_hit_rows']:>11} | {stats['rows_recomputed']:>15}"
+        )
     print(f"speedup with the output cache: {medians[False] / medians[True]:.1f}x")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", help="checkpoint directory (default: the bench-size tiny qwen2)")
     parser.add_argument("--prompt-len", type=int, default=1500)
     parser.add_argument("--questions", type=int, default=4)

@@ -29,7 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tools/ is not an installed package
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # config-range notes about tiny checkpoints
+os.environ.setdefault(
+    "TRANSFORMERS_VERBOSITY", "error"
+)  # config-range notes about tiny checkpoints
 
 DOCUMENT = (
     "Prefix caching keeps the key and value blocks of every prompt a stage has seen, indexed by "
@@ -65,15 +67,22 @@ def omni_scenario() -> Scenario:
     pixels[..., 0] = np.linspace(0, 255, 168, dtype=np.uint8)
     pixels[..., 1] = np.linspace(255, 0, 112, dtype=np.uint8)[:, None]
     pixels[40:72, 60:108, 2] = 255
-    prompt = {"prompt": DOCUMENT * 4 + "Look at the picture: which colours are in it?",
-              "images": [Image.fromarray(pixels)]}
+    prompt = {
+        "prompt": DOCUMENT * 4 + "Look at the picture: which colours are in it?",
+        "images": [Image.fromarray(pixels)],
+    }
     params = [
         SamplingParams(max_tokens=16),  # thinker
         SamplingParams(max_tokens=48, stop_token_ids=(8292, 8294)),  # talker: codec EOS ids
         SamplingParams(max_tokens=1, seed=0),  # token2wav: the DiT noise seed
     ]
-    return Scenario("Qwen2.5-Omni (tiny random weights): thinker -> talker -> token2wav",
-                    config, [prompt, prompt], params, str(REPO / "out" / "demo_answer.wav"))
+    return Scenario(
+        "Qwen2.5-Omni (tiny random weights): thinker -> talker -> token2wav",
+        config,
+        [prompt, prompt],
+        params,
+        str(REPO / "out" / "demo_answer.wav"),
+    )
 
 
 def two_stage_scenario() -> Scenario:
@@ -123,7 +132,9 @@ def run(scenario: Scenario) -> None:
             print(f"  text: {texts}")
             if output.final.audio is not None and scenario.wav_path:
                 seconds = write_wav(scenario.wav_path, output.final.audio, output.final.sample_rate)
-                print(f"  audio: {seconds:.2f} s at {output.final.sample_rate} Hz -> {scenario.wav_path}")
+                print(
+                    f"  audio: {seconds:.2f} s at {output.final.sample_rate} Hz -> {scenario.wav_path}"
+                )
             stats = omni.stats()
             for name in omni.order:
                 print("  " + _cache_line(name, stats[name], previous[name]))

@@ -42,7 +42,9 @@ def replay() -> list[Snapshot]:
         hit_ids, num_hit_tokens = ([], 0)
         if request.num_computed_tokens == 0:
             hit_ids, num_hit_tokens = manager.get_computed_blocks(request)
-        new_ids = manager.allocate_slots(request, num_new_tokens - num_hit_tokens, num_hit_tokens, hit_ids)
+        new_ids = manager.allocate_slots(
+            request, num_new_tokens - num_hit_tokens, num_hit_tokens, hit_ids
+        )
         assert new_ids is not None, "the pool is large enough for the whole example"
         request.num_computed_tokens += num_new_tokens
 
@@ -68,7 +70,9 @@ def replay() -> list[Snapshot]:
     queue_before = manager.free_block_ids()
     hit_ids, num_hit_tokens = manager.get_computed_blocks(req2)
     snapshots.append(
-        Snapshot(7, f"request 2 looks up: hits {hit_ids}", {}, manager.cached_block_ids(), queue_before)
+        Snapshot(
+            7, f"request 2 looks up: hits {hit_ids}", {}, manager.cached_block_ids(), queue_before
+        )
     )
     manager.allocate_slots(req2, req2.num_tokens - num_hit_tokens, num_hit_tokens, hit_ids)
     req2.num_computed_tokens = req2.num_tokens

@@ -41,7 +41,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 KINDS = ("ar", "generation")
 BACKENDS = ("ray", "local")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-STAGE_CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "stage_configs")
+STAGE_CONFIG_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "stage_configs"
+)
 """Where per-family pipelines live: stage_configs/<model_type>.yaml."""
 
 

@@ -53,7 +53,9 @@ class StageEngine:
         self.output_cache = OutputCache(engine.num_blocks, engine.block_size, dtype)
         self.output_cache.allocate("hidden_states", (self.model.hidden_size,))
         self.scheduler = Scheduler(
-            SchedulerConfig(engine.max_num_seqs, engine.max_num_batched_tokens, engine.max_model_len),
+            SchedulerConfig(
+                engine.max_num_seqs, engine.max_num_batched_tokens, engine.max_model_len
+            ),
             self.kv,
             hit_filter=self._usable_hits if engine.enable_prefix_caching else None,
         )
@@ -108,7 +110,9 @@ class StageEngine:
                 f"request {rid!r}: token id {bad[0]} is outside the vocabulary of "
                 f"{self.model.vocab_size} (stage {self.name!r})"
             )
-        longest = min(engine.max_model_len, request.num_prompt_tokens + request.sampling_params.max_tokens)
+        longest = min(
+            engine.max_model_len, request.num_prompt_tokens + request.sampling_params.max_tokens
+        )
         num_blocks_needed = -(-longest // engine.block_size)
         if num_blocks_needed > engine.num_blocks:
             raise ValueError(
@@ -134,7 +138,9 @@ class StageEngine:
         runner_output = self.runner.execute(scheduler_output)
         return self.update(scheduler_output, runner_output)
 
-    def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[StageResult]:
+    def update(
+        self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
+    ) -> list[StageResult]:
         self.num_steps += 1
         self.output_cache.step = self.num_steps + 1
         for entry in scheduler_output.scheduled:

@@ -41,9 +41,13 @@ class PromptProcessor:
             )
         unknown = sorted(set(prompt) - set(_PROMPT_KEYS))
         if unknown:
-            raise ValueError(f"prompt {request_id!r}: unknown key(s) {unknown}; valid: {list(_PROMPT_KEYS)}")
+            raise ValueError(
+                f"prompt {request_id!r}: unknown key(s) {unknown}; valid: {list(_PROMPT_KEYS)}"
+            )
         if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
-            raise ValueError(f"prompt {request_id!r}: give exactly one of 'prompt' and 'prompt_token_ids'")
+            raise ValueError(
+                f"prompt {request_id!r}: give exactly one of 'prompt' and 'prompt_token_ids'"
+            )
         if prompt.get("images") or prompt.get("audio"):
             raise ValueError(
                 f"prompt {request_id!r}: this pipeline's root stage takes text only, "
@@ -52,7 +56,9 @@ class PromptProcessor:
         text = prompt.get("prompt")
         if text is not None:
             if not isinstance(text, str) or not text:
-                raise ValueError(f"prompt {request_id!r}: 'prompt' must be a non-empty string, got {text!r}")
+                raise ValueError(
+                    f"prompt {request_id!r}: 'prompt' must be a non-empty string, got {text!r}"
+                )
             token_ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:
             token_ids = list(prompt["prompt_token_ids"])

@@ -22,8 +22,12 @@ class CausalLMAdapter:
         ).eval()
         self.dtype = dtype
         self.num_layers = config.num_hidden_layers
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.num_kv_heads = (
+            getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        )
+        self.head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
         self.hidden_size = config.hidden_size
         self.vocab_size = config.vocab_size
         eos = getattr(self.model.generation_config, "eos_token_id", None) or config.eos_token_id

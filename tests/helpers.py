@@ -26,8 +26,12 @@ def shared_prefix_prompts(vocab_size: int, num_prompts: int = 12, seed: int = 0)
     return prompts
 
 
-def transformers_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+def transformers_greedy(
+    model_dir: str, prompts: list[list[int]], max_new_tokens: int
+) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     # No EOS stop: both sides generate exactly max_new_tokens (ours with ignore_eos=True).
     model.generation_config.eos_token_id = None
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
@@ -45,7 +49,9 @@ def make_engine(model_dir: str, **engine: object) -> StageEngine:
     return StageEngine(config.stages[0])
 
 
-def run_engine(engine: StageEngine, prompts: list[list[int]], params: SamplingParams, prefix: str = "r"):
+def run_engine(
+    engine: StageEngine, prompts: list[list[int]], params: SamplingParams, prefix: str = "r"
+):
     for i, prompt in enumerate(prompts):
         engine.add_request(StageInput(f"{prefix}{i}", prompt, params))
     results = {r.request_id: r for r in engine.run_until_done()}

@@ -53,7 +53,9 @@ class KVCacheManager:
         parent: Block | None = None
         for index in range(max_blocks):
             start = index * block_size
-            extras = block_extra_keys(request, index, block_size) if request.has_block_extras else ()
+            extras = (
+                block_extra_keys(request, index, block_size) if request.has_block_extras else ()
+            )
             block = lookup(hashes[index], parent, token_ids[start : start + block_size], extras)
             if block is None:
                 break
@@ -111,7 +113,9 @@ class KVCacheManager:
             self._cache_full_blocks(request, req_blocks, min(num_total_tokens, request.num_tokens))
         return [block.block_id for block in new_blocks]
 
-    def _cache_full_blocks(self, request: Request, req_blocks: list[Block], num_tokens: int) -> None:
+    def _cache_full_blocks(
+        self, request: Request, req_blocks: list[Block], num_tokens: int
+    ) -> None:
         num_cached = self._num_cached_blocks[request.request_id]
         num_full = num_tokens // self.block_size
         if num_full <= num_cached:

@@ -129,9 +129,13 @@ def _check_token_ids(request_id: str, token_ids: Sequence[int]) -> list[int]:
                     f"request {request_id!r}: prompt_token_ids[{index}] = {token_id!r} is not an integer"
                 ) from None
         if token_id < 0:
-            raise ValueError(f"request {request_id!r}: prompt_token_ids[{index}] = {token_id} is negative")
+            raise ValueError(
+                f"request {request_id!r}: prompt_token_ids[{index}] = {token_id} is negative"
+            )
         if token_id >= 2**32:
-            raise ValueError(f"request {request_id!r}: prompt_token_ids[{index}] = {token_id} is too large")
+            raise ValueError(
+                f"request {request_id!r}: prompt_token_ids[{index}] = {token_id} is too large"
+            )
     return token_ids
 
 

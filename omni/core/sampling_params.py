@@ -26,13 +26,27 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "an integer >= 1")
+        _check(
+            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            "max_tokens",
+            self.max_tokens,
+            "an integer >= 1",
+        )
         _check(self.temperature >= 0, "temperature", self.temperature, ">= 0")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k, "an integer >= 0")
-        _check(self.seed is None or isinstance(self.seed, int), "seed", self.seed, "an integer or None")
+        _check(
+            isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k, "an integer >= 0"
+        )
+        _check(
+            self.seed is None or isinstance(self.seed, int), "seed", self.seed, "an integer or None"
+        )
         for token_id in self.stop_token_ids:
-            _check(isinstance(token_id, int) and token_id >= 0, "stop_token_ids", self.stop_token_ids, "non-negative integers")
+            _check(
+                isinstance(token_id, int) and token_id >= 0,
+                "stop_token_ids",
+                self.stop_token_ids,
+                "non-negative integers",
+            )
 
     @property
     def greedy(self) -> bool:

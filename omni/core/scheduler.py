@@ -140,7 +140,9 @@ class Scheduler:
             preempted_request_ids=preempted,
         )
 
-    def _entry(self, request: Request, num_new: int, block_ids: list[int], *, is_new: bool) -> ScheduledRequest:
+    def _entry(
+        self, request: Request, num_new: int, block_ids: list[int], *, is_new: bool
+    ) -> ScheduledRequest:
         start = request.num_computed_tokens
         return ScheduledRequest(
             request_id=request.request_id,
@@ -172,7 +174,9 @@ class Scheduler:
         self._preempted_ids.append(request.request_id)
 
     # ---- results ------------------------------------------------------------------------------
-    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[Request]:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
+    ) -> list[Request]:
         """Advance computed tokens, append sampled tokens, and return the requests that finished.
 
         Finished requests still hold their blocks (so their cached rows can be gathered); the

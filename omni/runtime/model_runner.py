@@ -48,7 +48,12 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.kv_caches = allocate_kv_caches(
-            model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim, model.dtype
+            model.num_layers,
+            num_blocks,
+            block_size,
+            model.num_kv_heads,
+            model.head_dim,
+            model.dtype,
         )
         self.output_cache = output_cache
         self.sampler = Sampler(seed)
@@ -130,7 +135,11 @@ class ModelRunner:
             block_tables[row, : len(table)] = table
         # Positions of fed tokens: the last q_len positions of each context.
         seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
-        positions = np.arange(len(token_ids)) - query_start_loc[seq_of_token] + (seq_lens - q_lens)[seq_of_token]
+        positions = (
+            np.arange(len(token_ids))
+            - query_start_loc[seq_of_token]
+            + (seq_lens - q_lens)[seq_of_token]
+        )
         bs = self.block_size
         slots = block_tables[seq_of_token, positions // bs] * bs + positions % bs
 

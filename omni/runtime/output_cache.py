@@ -39,7 +39,9 @@ class OutputCache:
         self.pending_hit_blocks = 0
 
     # ---- allocation and discovery ---------------------------------------------------------------
-    def allocate(self, name: str, feature_shape: tuple[int, ...], dtype: torch.dtype | None = None) -> None:
+    def allocate(
+        self, name: str, feature_shape: tuple[int, ...], dtype: torch.dtype | None = None
+    ) -> None:
         shape = (self.num_blocks, self.block_size, *feature_shape)
         cache = torch.zeros(shape, dtype=dtype or self.dtype)
         self.caches[name] = cache
@@ -47,10 +49,16 @@ class OutputCache:
         self.valid_version[name] = np.full(self.num_blocks, -1, dtype=np.int64)
         self.discovered_step[name] = self.step
         logger.info(
-            "output cache %r: shape %s %s, %d bytes", name, tuple(shape), cache.dtype, self.num_bytes_of(name)
+            "output cache %r: shape %s %s, %d bytes",
+            name,
+            tuple(shape),
+            cache.dtype,
+            self.num_bytes_of(name),
         )
 
-    def discover(self, outputs: dict[str, torch.Tensor], num_tokens: int) -> dict[str, torch.Tensor]:
+    def discover(
+        self, outputs: dict[str, torch.Tensor], num_tokens: int
+    ) -> dict[str, torch.Tensor]:
         """Split a forward's outputs into per-token ones (cached from now on) and the rest.
 
         A tensor is per-token when its first dimension is the step's token count. A one-token
@@ -58,7 +66,9 @@ class OutputCache:
         """
         passthrough = {}
         for name, value in outputs.items():
-            per_token = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == num_tokens
+            per_token = (
+                isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == num_tokens
+            )
             if name in self.caches:
                 if not per_token:
                     raise RuntimeError(

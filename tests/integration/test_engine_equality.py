@@ -17,7 +17,12 @@ CONFIGS = {
     "block-size-16": {"block_size": 16},
     "chunked-prefill": {"block_size": 4, "max_num_batched_tokens": 24},
     "tiny-pool": {"block_size": 4, "num_blocks": 48, "max_model_len": 192},
-    "tiny-pool-chunked": {"block_size": 4, "num_blocks": 40, "max_num_batched_tokens": 16, "max_model_len": 160},
+    "tiny-pool-chunked": {
+        "block_size": 4,
+        "num_blocks": 40,
+        "max_num_batched_tokens": 16,
+        "max_model_len": 160,
+    },
 }
 
 

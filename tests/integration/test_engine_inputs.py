@@ -31,7 +31,9 @@ def test_bad_input_is_rejected_and_others_continue(engine, prompt, params, match
     good = StageInput("good", [5, 6, 7, 8, 9], SamplingParams(max_tokens=3))
     engine.add_request(good)
     with pytest.raises(ValueError, match=match):
-        engine.add_request(StageInput("bad", prompt, SamplingParams(**params) if params else SamplingParams()))
+        engine.add_request(
+            StageInput("bad", prompt, SamplingParams(**params) if params else SamplingParams())
+        )
     results = engine.run_until_done()
     assert [r.request_id for r in results] == ["good"] and len(results[0].token_ids) == 3
     assert not engine.has_unfinished
@@ -57,12 +59,19 @@ def test_seeded_sampling_alone_equals_in_a_batch(qwen2_dir):
     others = [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [7, 8, 9, 10]]
     engine = make_engine(qwen2_dir, block_size=4)
     for i, other in enumerate(others):
-        engine.add_request(StageInput(f"o{i}", other, SamplingParams(max_tokens=12, temperature=0.8, ignore_eos=True)))
+        engine.add_request(
+            StageInput(
+                f"o{i}", other, SamplingParams(max_tokens=12, temperature=0.8, ignore_eos=True)
+            )
+        )
     engine.add_request(StageInput("seeded", prompt, seeded))
     batched = {r.request_id: r for r in engine.run_until_done()}["seeded"]
     assert batched.token_ids == alone.token_ids
-    other_seed = run_engine(make_engine(qwen2_dir, block_size=4), [prompt], SamplingParams(
-        max_tokens=12, temperature=1.0, top_p=0.9, seed=43, ignore_eos=True))[0]
+    other_seed = run_engine(
+        make_engine(qwen2_dir, block_size=4),
+        [prompt],
+        SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=43, ignore_eos=True),
+    )[0]
     assert other_seed.token_ids != alone.token_ids
 
 
@@ -70,7 +79,9 @@ def test_stop_on_eos_and_stop_tokens(qwen2_dir):
     engine = make_engine(qwen2_dir, block_size=4)
     free = run_engine(engine, [[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     stop_at = free.token_ids[3]
-    stopped = run_engine(engine, [[5, 6, 7]], SamplingParams(max_tokens=8, stop_token_ids=(stop_at,)), prefix="s")[0]
+    stopped = run_engine(
+        engine, [[5, 6, 7]], SamplingParams(max_tokens=8, stop_token_ids=(stop_at,)), prefix="s"
+    )[0]
     assert stopped.token_ids == free.token_ids[: free.token_ids.index(stop_at) + 1]
     assert stopped.finish_reason == "stopped"
     assert free.finish_reason == "length"

@@ -72,8 +72,12 @@ def references(omni_dir):
         ids = kwargs.pop("input_ids")[0].tolist()
         kwargs.pop("attention_mask", None)
         refs[name] = run_generate(
-            model, [ids], thinker_tokens=THINKER_TOKENS, talker_tokens=TALKER_TOKENS,
-            seed=SEED, media=kwargs,
+            model,
+            [ids],
+            thinker_tokens=THINKER_TOKENS,
+            talker_tokens=TALKER_TOKENS,
+            seed=SEED,
+            media=kwargs,
         )[0]
     return refs
 

@@ -20,7 +20,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def prompts(qwen2_dir):
-    return shared_prefix_prompts(AutoConfig.from_pretrained(qwen2_dir).vocab_size, num_prompts=9, seed=3)
+    return shared_prefix_prompts(
+        AutoConfig.from_pretrained(qwen2_dir).vocab_size, num_prompts=9, seed=3
+    )
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,12 @@ TRACES = {
     "plain": {"block_size": 4},
     "tiny-pool": {"block_size": 4, "num_blocks": 40, "max_model_len": 128},
     "chunked": {"block_size": 4, "max_num_batched_tokens": 20},
-    "tiny-pool-chunked": {"block_size": 2, "num_blocks": 70, "max_num_batched_tokens": 12, "max_model_len": 128},
+    "tiny-pool-chunked": {
+        "block_size": 2,
+        "num_blocks": 70,
+        "max_num_batched_tokens": 12,
+        "max_model_len": 128,
+    },
 }
 
 
@@ -55,7 +62,9 @@ def test_cached_outputs_equal_uncached(qwen2_dir, prompts, uncached, trace):
 
 
 def test_hidden_states_equal_transformers(qwen2_dir, prompts):
-    model = AutoModelForCausalLM.from_pretrained(qwen2_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        qwen2_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     for caching in (True, False):
         engine = make_engine(qwen2_dir, block_size=4, enable_prefix_caching=caching)
         results = run_engine(engine, prompts + prompts, PARAMS)
@@ -92,7 +101,9 @@ def test_same_step_hits_wait_for_the_write(qwen2_dir, prompts, uncached):
     results = run_engine(engine, [long_prompt, long_prompt], PARAMS)
     assert results[1].num_cached_tokens > 0
     assert engine.output_cache.pending_hit_blocks > 0
-    torch.testing.assert_close(results[0].tensors["hidden_states"], results[1].tensors["hidden_states"])
+    torch.testing.assert_close(
+        results[0].tensors["hidden_states"], results[1].tensors["hidden_states"]
+    )
 
 
 class ExtraOutputs:
@@ -100,7 +111,15 @@ class ExtraOutputs:
 
     def __init__(self, inner, late_from: int) -> None:
         self.inner, self.late_from, self.steps = inner, late_from, 0
-        for name in ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "eos_token_id", "dtype"):
+        for name in (
+            "num_layers",
+            "num_kv_heads",
+            "head_dim",
+            "hidden_size",
+            "vocab_size",
+            "eos_token_id",
+            "dtype",
+        ):
             setattr(self, name, getattr(inner, name))
 
     def forward(self, inputs):

@@ -31,7 +31,9 @@ def run(kv: KVCacheManager, cache: OutputCache, request: Request):
     kv.allocate_slots(request, request.num_tokens - num_hits, num_hits, hit_ids)
     block_ids = kv.get_block_ids(request.request_id)
     fresh = fake_stage(request.all_token_ids, num_hits, request.num_tokens)
-    slots = torch.tensor([block_ids[p // 4] * 4 + p % 4 for p in range(num_hits, request.num_tokens)])
+    slots = torch.tensor(
+        [block_ids[p // 4] * 4 + p % 4 for p in range(num_hits, request.num_tokens)]
+    )
     cache.discover(fresh, len(slots))
     cache.write(slots, fresh)
     full = request.num_tokens // 4
@@ -71,7 +73,8 @@ def test_seed_002_example():
 def test_non_token_outputs_pass_through():
     cache = OutputCache(num_blocks=4, block_size=4, dtype=torch.float32)
     passthrough = cache.discover(
-        {"per_token": torch.zeros(5, 3), "pooled": torch.zeros(1, 8), "scalar": torch.tensor(1.0)}, 5
+        {"per_token": torch.zeros(5, 3), "pooled": torch.zeros(1, 8), "scalar": torch.tensor(1.0)},
+        5,
     )
     assert set(cache.caches) == {"per_token"}
     assert set(passthrough) == {"pooled", "scalar"}
