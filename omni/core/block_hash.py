@@ -22,15 +22,14 @@ ExtraKeys = tuple
 ROOT_PARENT_HASH: BlockHash = b"omni.prefix.root"
 
 
-def _xxh3_128(data: bytes) -> BlockHash:
-    return xxhash.xxh3_128_digest(data)
-
-
 def _sha256(data: bytes) -> BlockHash:
     return hashlib.sha256(data).digest()
 
 
-HASH_FUNCTIONS: dict[str, Callable[[bytes], BlockHash]] = {"xxhash": _xxh3_128, "sha256": _sha256}
+HASH_FUNCTIONS: dict[str, Callable[[bytes], BlockHash]] = {
+    "xxhash": xxhash.xxh3_128_digest,  # 128-bit XXH3
+    "sha256": _sha256,
+}
 
 
 def get_hash_function(hash_algo: str) -> Callable[[bytes], BlockHash]:
@@ -79,14 +78,17 @@ def encode_extra_keys(extra_keys: ExtraKeys) -> bytes:
 
 
 def hash_request_blocks(request: Request, block_size: int, hash_algo: str) -> list[BlockHash]:
-    """Extend the request's memo of block hashes to cover all its full blocks; returns the memo.
+    """Extend the request's memo to cover all its full blocks; returns the block hashes.
 
-    The memo depends only on the request's tokens and keys, which only ever grow, so it is valid
-    until the request's token ids are extended and is extended incrementally.
+    The memo holds each full block's hash and its token ids as bytes (`block_token_bytes`, what
+    exact matching compares). It depends only on the request's tokens and keys, which only ever
+    grow, so it is extended incrementally.
     """
-    if request.block_hash_algo != hash_algo:
+    if request.block_hash_algo != hash_algo or request.block_hash_size != block_size:
         request.block_hashes = []
+        request.block_token_bytes = []
         request.block_hash_algo = hash_algo
+        request.block_hash_size = block_size
     hashes = request.block_hashes
     num_full_blocks = request.num_tokens // block_size
     if len(hashes) >= num_full_blocks:
@@ -98,9 +100,12 @@ def hash_request_blocks(request: Request, block_size: int, hash_algo: str) -> li
     token_bytes = struct.pack(f"<{len(new_token_ids)}I", *new_token_ids)
     width = 4 * block_size
     parent = hashes[-1] if hashes else ROOT_PARENT_HASH
+    keys = request.block_token_bytes
     for index in range(first, num_full_blocks):
         offset = (index - first) * width
-        data = parent + token_bytes[offset : offset + width]
+        block_bytes = token_bytes[offset : offset + width]
+        keys.append(block_bytes)
+        data = parent + block_bytes
         extras = block_extra_keys(request, index, block_size) if request.has_block_extras else ()
         if extras:
             data += b"\xff" + encode_extra_keys(extras)

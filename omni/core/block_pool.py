@@ -3,12 +3,13 @@
 Invariants (checked by tests/unit/test_block_pool_properties.py after every operation):
 - a block is free (ref_cnt 0, in the free queue exactly once) or referenced (not in the queue);
 - a block has a hash exactly when it is in the hash map;
-- `version` grows whenever a block loses its content (eviction, reset), so (block_id, version)
-  names one content forever. Output caches and children's parent links rely on that.
+- `version` grows whenever a block is handed out again or the cache is reset, so
+  (block_id, version) names one content forever. Output caches and parent links rely on that.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 
 from omni.core.block_hash import BlockHash, ExtraKeys
@@ -19,7 +20,7 @@ class Block:
         "block_id",
         "ref_cnt",
         "block_hash",
-        "token_ids",
+        "token_bytes",
         "extra_keys",
         "parent",
         "parent_version",
@@ -32,14 +33,22 @@ class Block:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: BlockHash | None = None
-        # Exact content of a cached block, for verifying hits beyond the hash value.
-        self.token_ids: list[int] | None = None
+        # Exact content of a cached block (token ids as little-endian uint32), for verifying
+        # hits beyond the hash value.
+        self.token_bytes: bytes | None = None
         self.extra_keys: ExtraKeys = ()
         self.parent: Block | None = None
         self.parent_version = 0
         self.version = 0
         self.prev_free: Block | None = None
         self.next_free: Block | None = None
+
+    @property
+    def token_ids(self) -> list[int] | None:
+        """The cached content as token ids (None when the block is not cached)."""
+        if self.token_bytes is None:
+            return None
+        return list(struct.unpack(f"<{len(self.token_bytes) // 4}I", self.token_bytes))
 
     def __repr__(self) -> str:
         return (
@@ -90,6 +99,19 @@ class FreeBlockQueue:
         self._tail.prev_free = block
         self.num_free_blocks += 1
 
+    def extend(self, blocks: list[Block]) -> None:
+        """Append blocks in order, linked as one chain."""
+        if not blocks:
+            return
+        last = self._tail.prev_free
+        for block in blocks:
+            last.next_free = block
+            block.prev_free = last
+            last = block
+        last.next_free = self._tail
+        self._tail.prev_free = last
+        self.num_free_blocks += len(blocks)
+
     def remove(self, block: Block) -> None:
         block.prev_free.next_free = block.next_free
         block.next_free.prev_free = block.prev_free
@@ -124,7 +146,7 @@ class BlockPool:
         self,
         block_hash: BlockHash,
         parent: Block | None,
-        token_ids: list[int],
+        token_bytes: bytes,
         extra_keys: ExtraKeys,
     ) -> Block | None:
         """The first cached block with this hash whose content and parent are exactly these.
@@ -139,24 +161,58 @@ class BlockPool:
             if (
                 block.parent is parent
                 and (parent is None or block.parent_version == parent.version)
-                and block.token_ids == token_ids
+                and block.token_bytes == token_bytes
                 and block.extra_keys == extra_keys
             ):
                 return block
         return None
 
+    def longest_prefix(
+        self,
+        hashes: list[BlockHash],
+        token_bytes: list[bytes],
+        extra_keys: list[ExtraKeys] | None,
+        max_blocks: int,
+    ) -> list[Block]:
+        """The verified cached blocks of a chain's first blocks, stopping at the first miss.
+
+        The same test as `lookup`, in one loop: it runs for every block of every new request.
+        """
+        hits: list[Block] = []
+        parent = None
+        cached = self.cached
+        for index in range(min(max_blocks, len(hashes))):
+            candidates = cached.get(hashes[index])
+            if not candidates:
+                break
+            content = token_bytes[index]
+            extras = extra_keys[index] if extra_keys is not None else ()
+            for block in candidates.values():
+                if (
+                    block.parent is parent
+                    and (parent is None or block.parent_version == parent.version)
+                    and block.token_bytes == content
+                    and block.extra_keys == extras
+                ):
+                    break
+            else:
+                break
+            hits.append(block)
+            parent = block
+        return hits
+
     def cache_block(
         self,
         block: Block,
         block_hash: BlockHash,
-        token_ids: list[int],
+        token_bytes: bytes,
         extra_keys: ExtraKeys,
         parent: Block | None,
     ) -> None:
         if block.block_hash is not None:
             raise RuntimeError(f"block {block.block_id} is already cached")
         block.block_hash = block_hash
-        block.token_ids = token_ids
+        block.token_bytes = token_bytes
         block.extra_keys = extra_keys
         block.parent = parent
         block.parent_version = parent.version if parent is not None else 0
@@ -175,45 +231,49 @@ class BlockPool:
 
     def get_new_blocks(self, num_blocks: int) -> list[Block]:
         new_blocks = self.free_queue.popleft_n(num_blocks)
+        cached = self.cached
         for block in new_blocks:
-            if block.block_hash is not None:
-                self._evict(block)
+            if block.block_hash is not None:  # lazy eviction happens here (as in _unmap)
+                same_hash = cached[block.block_hash]
+                del same_hash[block.block_id]
+                if not same_hash:
+                    del cached[block.block_hash]
+                block.block_hash = block.token_bytes = block.parent = None
+                block.extra_keys = ()
+                self.num_evictions += 1
+            block.version += 1
             block.ref_cnt = 1
         return new_blocks
 
     def free_blocks(self, ordered_blocks: list[Block]) -> None:
         """Drop one reference each; blocks reaching 0 join the tail in the given order."""
-        append = self.free_queue.append
+        released = []
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                append(block)
+                released.append(block)
+        self.free_queue.extend(released)
 
     def uncache(self, block: Block) -> None:
+        """Out of the hash map; holders keep the block and its content (same version)."""
         if block.block_hash is not None:
-            self._evict(block)
-            self.num_evictions -= 1  # not an eviction: the block keeps its place and holders
+            self._unmap(block)
 
-    def _evict(self, block: Block) -> None:
-        candidates = self.cached[block.block_hash]
-        del candidates[block.block_id]
-        if not candidates:
+    def _unmap(self, block: Block) -> None:
+        same_hash = self.cached[block.block_hash]
+        del same_hash[block.block_id]
+        if not same_hash:
             del self.cached[block.block_hash]
-        self._clear(block)
-        self.num_evictions += 1
-
-    def _clear(self, block: Block) -> None:
         block.block_hash = None
-        block.token_ids = None
+        block.token_bytes = None
         block.extra_keys = ()
         block.parent = None
-        block.version += 1
 
     def reset_prefix_cache(self) -> bool:
         if self.num_free_blocks != len(self.blocks):
             return False
         for block in self.blocks:
             if block.block_hash is not None:
-                self._clear(block)
-        self.cached.clear()
+                self._unmap(block)
+                block.version += 1
         return True

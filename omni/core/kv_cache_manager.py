@@ -46,22 +46,12 @@ class KVCacheManager:
             return [], 0
         hashes = hash_request_blocks(request, self.block_size, self.hash_algo)
         max_blocks = min(len(hashes), (request.num_tokens - 1) // self.block_size)
-        token_ids = request.all_token_ids
-        block_size = self.block_size
-        lookup = self.pool.lookup
-        hit_ids: list[int] = []
-        parent: Block | None = None
-        for index in range(max_blocks):
-            start = index * block_size
-            extras = (
-                block_extra_keys(request, index, block_size) if request.has_block_extras else ()
-            )
-            block = lookup(hashes[index], parent, token_ids[start : start + block_size], extras)
-            if block is None:
-                break
-            hit_ids.append(block.block_id)
-            parent = block
-        return hit_ids, len(hit_ids) * block_size
+        extras = None
+        if request.has_block_extras:
+            extras = [block_extra_keys(request, i, self.block_size) for i in range(max_blocks)]
+        hits = self.pool.longest_prefix(hashes, request.block_token_bytes, extras, max_blocks)
+        hit_ids = [block.block_id for block in hits]
+        return hit_ids, len(hit_ids) * self.block_size
 
     # ---- allocation ---------------------------------------------------------------------------
     def allocate_slots(
@@ -121,7 +111,7 @@ class KVCacheManager:
         if num_full <= num_cached:
             return
         hashes = hash_request_blocks(request, self.block_size, self.hash_algo)
-        token_ids = request.all_token_ids
+        token_bytes = request.block_token_bytes
         size = self.block_size
         cache_block = self.pool.cache_block
         parent = req_blocks[num_cached - 1] if num_cached else None
@@ -129,8 +119,7 @@ class KVCacheManager:
             block = req_blocks[index]
             if block.block_hash is None:
                 extras = block_extra_keys(request, index, size) if request.has_block_extras else ()
-                tokens = token_ids[index * size : (index + 1) * size]
-                cache_block(block, hashes[index], tokens, extras, parent)
+                cache_block(block, hashes[index], token_bytes[index], extras, parent)
             parent = block
         self._num_cached_blocks[request.request_id] = num_full
 

@@ -71,9 +71,11 @@ class Request:
         self.num_cached_tokens = -1  # prefix-cache hit tokens at first scheduling; -1 = not yet
         self.status = RequestStatus.WAITING
         self.num_preemptions = 0
-        # Memo of chained block hashes of the full blocks, filled by block_hash.hash_request_blocks.
+        # Memo of the full blocks' chained hashes and token bytes (block_hash.hash_request_blocks).
         self.block_hashes: list = []
+        self.block_token_bytes: list[bytes] = []
         self.block_hash_algo: str | None = None
+        self.block_hash_size = 0
 
     @property
     def all_token_ids(self) -> list[int]:
