@@ -28,6 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tools/ is not an installed package
+sys.path.insert(0, str(REPO / "bench"))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -38,61 +39,27 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from omni_bench_support import (  # noqa: E402
+    CODEC_EOS,
+    QUESTIONS,
+    SEED,
+    SENTENCES,
+    SUBJECTS,
+    SYSTEM,
+    _param_shapes,
+    hf_generate,
+    hit,
+    load_hf,
+    run_hf,
+    table,
+)
 from PIL import Image  # noqa: E402
 
 from omni import Omni, SamplingParams  # noqa: E402
 from tools.make_tiny_checkpoint import ensure_checkpoint  # noqa: E402
 from tools.omni_preprocess import OmniPreprocessor  # noqa: E402
 
-CODEC_EOS = (8292, 8294)  # codec pad / codec end: where transformers' talker generate stops
 IMAGE_SLOT = "<|vision_bos|><|IMAGE|><|vision_eos|>"
-SEED = 0  # DiT noise seed, the same on both sides
-SUBJECTS = [
-    "the weather",
-    "a lighthouse",
-    "the ocean tides",
-    "a city at night",
-    "mountain trails",
-    "a quiet library",
-    "old trains",
-    "a busy market",
-    "the northern lights",
-    "desert dunes",
-    "a coral reef",
-    "autumn leaves",
-    "a jazz club",
-    "a snowy village",
-    "a river delta",
-    "a space station",
-    "an orchard",
-    "a violin workshop",
-    "a tea garden",
-    "a harbour crane",
-]
-QUESTIONS = [
-    "Who wrote the section on block hashing?",
-    "How many blocks does the pool keep free?",
-    "Which stage reads the hidden states?",
-    "What happens when a hash collides?",
-    "Why is the last token always recomputed?",
-    "Where does the output cache live?",
-    "What evicts blocks first?",
-    "Which ids stop the talker?",
-]
-SYSTEM = (
-    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
-    "perceiving auditory and visual inputs, as well as generating text and speech."
-)
-SENTENCES = [
-    "Prefix caching keeps the key and value blocks of every prompt a stage has seen.",
-    "Each block is indexed by a hash of its tokens chained with the hash of the block before it.",
-    "A new request looks up its longest cached prefix and computes only the rest.",
-    "In a multi-stage pipeline each stage also keeps its per-token outputs beside the blocks.",
-    "A cached prefix returns the hidden states the next stage needs without running the model.",
-    "The block pool evicts the least recently used blocks, tails of sequences first.",
-    "Hits are checked against the stored tokens, so a hash collision can only cause a miss.",
-    "The talker turns the thinker's hidden states into codec tokens for the vocoder.",
-]
 
 
 def chat(text: str, image: bool) -> str:
@@ -144,11 +111,13 @@ def run_ours(omni: Omni, requests, params) -> dict:
     prompts = [{"prompt": text, "images": images} for text, images in requests]
     results: dict[str, dict] = {}
     first_audio = None
+    last: dict[str, float] = {}
     start = time.perf_counter()
     for r in omni.stream(prompts, params):
         if r.error:
             raise SystemExit(f"{r.request_id} failed in {r.stage}: {r.error}")
         results.setdefault(r.request_id, {})[r.stage] = r
+        last[r.stage] = time.perf_counter() - start
         if r.stage == "token2wav" and first_audio is None:
             first_audio = time.perf_counter() - start
     wall = time.perf_counter() - start
@@ -156,65 +125,11 @@ def run_ours(omni: Omni, requests, params) -> dict:
     return {
         "wall": wall,
         "ttfa": first_audio,
+        "last": last,
         "thinker": [s["thinker"].token_ids for s in ordered],
         "codes": [s["talker"].token_ids for s in ordered],
         "audio_s": sum(s["token2wav"].audio.numel() / s["token2wav"].sample_rate for s in ordered),
     }
-
-
-def load_hf(model_dir: str):
-    from transformers import Qwen2_5OmniForConditionalGeneration
-
-    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
-    model.thinker.generation_config.eos_token_id = None  # exactly --thinker-tokens, as ours
-    return model.eval()
-
-
-def hf_generate(model, pre: OmniPreprocessor, text: str, images, args) -> tuple[list, list, float]:
-    """One full generate: (thinker tokens, talker codes up to the first EOS, audio seconds)."""
-    seen = {}
-    original = model.talker.generate
-
-    def talker_generate(*a, **kw):
-        out = original(*a, **kw)
-        seen["codes"] = out[0, kw["input_ids"].shape[1] :].tolist()
-        return out
-
-    kwargs = pre.generate_kwargs(pre(text, images=images))
-    kwargs.pop("attention_mask", None)  # a single unpadded request, as the tests run it
-    prompt_len = kwargs["input_ids"].shape[1]
-    model.talker.generate = talker_generate
-    try:
-        torch.manual_seed(SEED)
-        with torch.inference_mode():
-            sequences, wav = model.generate(
-                **kwargs,
-                thinker_max_new_tokens=args.thinker_tokens,
-                talker_max_new_tokens=args.talker_tokens,
-                talker_do_sample=False,
-            )
-    finally:
-        del model.talker.generate
-    codes = seen.get("codes", [])
-    for i, c in enumerate(codes):
-        if c in CODEC_EOS:
-            codes = codes[: i + 1]
-            break
-    return sequences[0, prompt_len:].tolist(), codes, wav.numel() / 24000
-
-
-def run_hf(model, pre, requests, args) -> dict:
-    thinker, codes, audio_s, first = [], [], 0.0, None
-    start = time.perf_counter()
-    for text, images in requests:
-        t, c, a = hf_generate(model, pre, text, images, args)
-        thinker.append(t)
-        codes.append(c)
-        audio_s += a
-        if first is None:
-            first = time.perf_counter() - start
-    wall = time.perf_counter() - start
-    return {"wall": wall, "ttfa": first, "thinker": thinker, "codes": codes, "audio_s": audio_s}
 
 
 def throughput_section(model_dir: str, args) -> None:
@@ -276,6 +191,8 @@ def throughput_section(model_dir: str, args) -> None:
         "> 1 = ours sooner)"
     )
     print(f"same tokens as transformers: thinker {same_t}/{n}, talker codes {same_c}/{n}")
+    done = ", ".join(f"{stage} {t:.2f} s" for stage, t in ours["last"].items())
+    print(f"ours, each stage's last result after submit: {done}")
 
 
 # ---- 2. shared long prefix -----------------------------------------------------------------------
@@ -392,19 +309,6 @@ def prefix_section(model_dir: str, args) -> None:
             print(f"  {label:<13} {off:.3f} s -> {on:.3f} s: {off / on:.2f}x")
 
 
-def hit(pair: tuple[int, int]) -> str:
-    cached, total = pair
-    return f"{cached}/{total} ({cached / total:.0%})"
-
-
-def table(header, rows) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in rows:
-        print("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="Qwen2.5-Omni checkpoint dir (default: built --size)")
@@ -439,18 +343,6 @@ def main() -> None:
     if args.skip != "prefix":
         prefix_section(model_dir, args)
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
-
-
-def _param_shapes(model_dir: str):
-    """Tensor shapes from the safetensors headers (no weights loaded)."""
-    import json
-    import struct
-
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        yield from (v["shape"] for k, v in header.items() if k != "__metadata__")
 
 
 if __name__ == "__main__":
