@@ -24,3 +24,15 @@ def llama_dir() -> str:
     from tools.make_tiny_checkpoint import ensure_checkpoint
 
     return str(ensure_checkpoint("llama", "tiny", 0))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models gain nothing from threads, and on a busy 2-core machine every OpenMP region
+    waits for a descheduled peer thread (measured 10-50x slower with 2 threads under load)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -231,15 +231,9 @@ class BlockPool:
 
     def get_new_blocks(self, num_blocks: int) -> list[Block]:
         new_blocks = self.free_queue.popleft_n(num_blocks)
-        cached = self.cached
         for block in new_blocks:
-            if block.block_hash is not None:  # lazy eviction happens here (as in _unmap)
-                same_hash = cached[block.block_hash]
-                del same_hash[block.block_id]
-                if not same_hash:
-                    del cached[block.block_hash]
-                block.block_hash = block.token_bytes = block.parent = None
-                block.extra_keys = ()
+            if block.block_hash is not None:  # lazy eviction happens here
+                self._unmap(block)
                 self.num_evictions += 1
             block.version += 1
             block.ref_cnt = 1

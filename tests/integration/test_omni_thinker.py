@@ -17,21 +17,13 @@ from omni.core.sampling_params import SamplingParams
 from omni.engine import StageEngine
 from omni.outputs import StageInput
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 MAX_TOKENS = 5
 CHAT = "<|im_start|>user\n{mm}{text}<|im_end|>\n<|im_start|>assistant\n"
 IMAGE = "<|vision_bos|><|IMAGE|><|vision_eos|>"
 AUDIO = "<|audio_bos|><|AUDIO|><|audio_eos|>"
 LONG = " and then please describe every single colour, shape, corner and edge you can see there"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -20,14 +20,7 @@ HEAD_DIM = 16
 ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny shapes gain nothing from threads, and on a busy 2-core machine every OpenMP region
-    waits for a descheduled peer thread (measured 15x slower with 2 threads under load)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_reshape_and_cache_writes_exactly_the_slots():

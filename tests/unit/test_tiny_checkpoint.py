@@ -29,7 +29,7 @@ def _hashes(path: pathlib.Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
-def test_lm_checkpoint_loads_with_consistent_shapes(cache_dir, family, one_thread):
+def test_lm_checkpoint_loads_with_consistent_shapes(cache_dir, family, one_torch_thread):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -132,18 +132,6 @@ def test_cli_out_prints_path_and_parameter_count(tmp_path, capsys):
 # ---- Qwen2.5-Omni (slow: builds and runs thinker -> talker -> token2wav) ----
 
 
-@pytest.fixture
-def one_thread():
-    # Tiny models are dominated by per-op overhead; with 2 threads on a busy 2-core machine
-    # OpenMP spinning makes them 10-50x slower, so run these tests single-threaded.
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def omni_dir(cache_dir):
     return mtc.ensure_checkpoint("qwen2_5_omni", "tiny", seed=0)
@@ -202,7 +190,7 @@ def test_omni_directory_is_consistent(omni_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_omni_generate_returns_text_and_waveform(omni_dir, one_thread):
+def test_omni_generate_returns_text_and_waveform(omni_dir, one_torch_thread):
     import numpy as np
     import torch
     from PIL import Image
