@@ -45,6 +45,12 @@ class RaySession:
         self.temp_dir: str | None = None
         self.mode = "existing"
         if ray.is_initialized():
+            if runtime.address is not None:
+                logger.warning(
+                    "runtime.address=%r is not used: this process is already connected to Ray "
+                    "(call ray.shutdown() first to connect elsewhere)",
+                    runtime.address,
+                )
             return
         quiet = {"logging_level": logging.WARNING, "configure_logging": True}
         if runtime.address is not None:
