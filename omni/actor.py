@@ -7,8 +7,8 @@ stage A is on request 2), and a call never waits for a model step.
 
 Invariants:
 - Only the loop thread touches the engine's requests and steps it; other threads hand work over
-  through `_inbox` and read results from `_outbox`, both guarded by `_cond`. `stats`/`abort` take
-  `_engine_lock`, which the loop holds for a whole step.
+  through `_inbox`/`_aborts` and read results from `_outbox`, all guarded by `_cond`; `stats`
+  takes `_engine_lock`, which the loop holds for a whole step.
 - Finished results leave as (light result, ObjectRef): the full result, with tensors as numpy
   arrays (omni/transport.py), is `ray.put` by this actor, which owns it; the driver passes the ref
   on to the consumer stages' actors, whose `submit` fetches it from the object store directly.
@@ -92,8 +92,9 @@ class StageActor:
         for item in items:
             try:
                 accepted.append(self._to_stage_input(item))
-            except ValueError as e:
-                self._emit([error_result(item.request_id, self.name, str(e))])
+            except Exception as e:  # one bad item fails alone, never the whole submit
+                why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+                self._emit([error_result(item.request_id, self.name, why)])
         with self._cond:
             self._inbox.extend(accepted)
             self._cond.notify_all()

@@ -126,7 +126,18 @@ class StageEngine:
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
         for request in finished:
             self._admitted_step.pop(request.request_id, None)
+        self.runner.release([request.request_id for request in finished])
         return [self._result(request, tensors={}) for request in finished]
+
+    def fail_all(self) -> list[StageResult]:
+        """After a step raised: drop every request, and every cached hash, since the failed step
+        may have registered blocks whose KV and rows it never wrote."""
+        for request in [r for r in self.scheduler.requests.values() if r.is_finished]:
+            self.scheduler.release(request)  # finished in update() before it raised
+        failed = self.abort(list(self.scheduler.requests))
+        if not self.kv.reset_prefix_cache():
+            logger.error("stage %r: prefix cache not reset, blocks still held", self.name)
+        return failed
 
     @property
     def has_unfinished(self) -> bool:
@@ -152,6 +163,7 @@ class StageEngine:
         for request in finished:
             results.append(self._result(request, tensors=self._gather(request)))
             self.scheduler.release(request)
+        self.runner.release([request.request_id for request in finished])
         return results
 
     def run_until_done(self, max_steps: int = 1_000_000) -> list[StageResult]:

@@ -53,6 +53,10 @@ class GenerationEngine:
                 results.append(self._result(item[0], "aborted", item[1]))
         return results
 
+    def fail_all(self) -> list[StageResult]:
+        """After a step raised: drop every pending request (this stage keeps no cache)."""
+        return self.abort(list(self._pending))
+
     @property
     def has_unfinished(self) -> bool:
         return bool(self._pending)

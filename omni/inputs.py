@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,25 @@ class PromptInput:
     extras: dict[str, Any] = field(default_factory=dict)
     """Root-stage adapter inputs (pixel values, audio features, ...)."""
     original: Any = None
+
+
+def _checked_token_ids(request_id: str, token_ids: Any) -> list[int]:
+    """Plain ints (numpy integers accepted); anything else is a ValueError naming the entry."""
+    checked = []
+    for index, token_id in enumerate(token_ids):
+        try:
+            if isinstance(token_id, bool):
+                raise TypeError
+            value = operator.index(token_id)
+        except TypeError:
+            value = -1
+        if value < 0:
+            raise ValueError(
+                f"prompt {request_id!r}: prompt_token_ids[{index}] = {token_id!r} is not a "
+                "non-negative integer"
+            )
+        checked.append(value)
+    return checked
 
 
 class PromptProcessor:
@@ -61,7 +81,7 @@ class PromptProcessor:
                 )
             token_ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:
-            token_ids = list(prompt["prompt_token_ids"])
+            token_ids = _checked_token_ids(request_id, prompt["prompt_token_ids"])
         if not token_ids:
             raise ValueError(f"prompt {request_id!r}: prompt_token_ids is empty")
         salt = prompt.get("cache_salt")

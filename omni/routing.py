@@ -115,9 +115,10 @@ class Router:
         self.remaining.discard(rid)
         for stage in self.inflight.pop(rid, set()):
             self.backend.abort(stage, [rid])  # a sibling branch of a failed request
+        items = list(self.finished.pop(rid, {}).values())  # unpin its payloads once done
         if per_stage:
             return []
-        stages = self._full(list(self.finished[rid].values()))
+        stages = self._full(items)
         final = stages[error.stage] if error is not None else stages[self.final]
         return [
             OmniOutput(

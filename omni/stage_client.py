@@ -98,8 +98,9 @@ def add_to_engine(engine: Any, stage_input: StageInput) -> StageResult | None:
     """Queue in the engine; a rejected request becomes an error result (None when accepted)."""
     try:
         engine.add_request(stage_input)
-    except ValueError as e:
-        msg = f"stage {engine.name!r} rejected request {stage_input.request_id!r}: {e}"
+    except Exception as e:  # bad input, or an adapter hook tripping on it: this request alone
+        why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+        msg = f"stage {engine.name!r} rejected request {stage_input.request_id!r}: {why}"
         return error_result(stage_input.request_id, engine.name, msg, stage_input.prompt_token_ids)
     return None
 
@@ -112,8 +113,7 @@ def step_engine(engine: Any) -> list[StageResult]:
         return engine.step()
     except Exception as e:
         logger.exception("stage %r: engine step failed", engine.name)
-        failed = engine.abort(list(engine.scheduler.requests))
-        engine.kv.reset_prefix_cache()
+        failed = engine.fail_all()
         why = f"{type(e).__name__}: {e}"
         return [
             dataclasses.replace(

@@ -142,31 +142,6 @@ class BlockPool:
     def num_free_blocks(self) -> int:
         return self.free_queue.num_free_blocks
 
-    def lookup(
-        self,
-        block_hash: BlockHash,
-        parent: Block | None,
-        token_bytes: bytes,
-        extra_keys: ExtraKeys,
-    ) -> Block | None:
-        """The first cached block with this hash whose content and parent are exactly these.
-
-        Comparing content and the parent's identity (block and version) means that even a full
-        hash collision can only produce a miss, never another prefix's KV.
-        """
-        candidates = self.cached.get(block_hash)
-        if not candidates:
-            return None
-        for block in candidates.values():
-            if (
-                block.parent is parent
-                and (parent is None or block.parent_version == parent.version)
-                and block.token_bytes == token_bytes
-                and block.extra_keys == extra_keys
-            ):
-                return block
-        return None
-
     def longest_prefix(
         self,
         hashes: list[BlockHash],
@@ -174,9 +149,11 @@ class BlockPool:
         extra_keys: list[ExtraKeys] | None,
         max_blocks: int,
     ) -> list[Block]:
-        """The verified cached blocks of a chain's first blocks, stopping at the first miss.
+        """The cached blocks holding exactly a chain's first blocks, stopping at the first miss.
 
-        The same test as `lookup`, in one loop: it runs for every block of every new request.
+        A candidate must match the hash, the content, the extra keys and its parent's identity
+        (block and version), so even a full hash collision can only produce a miss, never
+        another prefix's KV. Duplicates are allowed; the first inserted wins.
         """
         hits: list[Block] = []
         parent = None

@@ -91,7 +91,8 @@ class KVCacheManager:
         if is_new:
             self._req_blocks[request_id] = req_blocks
             self._num_cached_blocks[request_id] = 0
-            if self.enable_caching:
+            if self.enable_caching and request.num_preemptions == 0:
+                # A resumed request hitting its own blocks is not a new query.
                 self.stats.record(request.num_tokens, num_new_computed_tokens)
         self.pool.touch(hit_blocks)
         req_blocks.extend(hit_blocks)

@@ -45,7 +45,6 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._finished_ids: list[str] = []
         self._preempted_ids: list[str] = []
         self.num_preemptions = 0
         self.num_hit_blocks_refused = 0  # prefix hits dropped by hit_filter (recomputed)
@@ -77,7 +76,6 @@ class Scheduler:
         """Free a finished request's blocks and forget it."""
         self.kv.free(request)
         self.requests.pop(request.request_id, None)
-        self._finished_ids.append(request.request_id)
 
     @property
     def has_unfinished(self) -> bool:
@@ -106,8 +104,15 @@ class Scheduler:
             budget -= num_new
             index += 1
 
-        # Waiting requests in order; stop at the first that does not fit (no overtaking).
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        # Waiting requests in order; stop at the first that does not fit (no overtaking). A step
+        # that had to preempt admits nobody: the pool is full and the victim would come back.
+        preempted_now = bool(self._preempted_ids)
+        while (
+            not preempted_now
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
             request = self.waiting[0]
             hit_ids, num_hit_tokens = self.kv.get_computed_blocks(request)
             num_refused = 0
@@ -131,12 +136,10 @@ class Scheduler:
             self._note_pending(request, num_new, pending_rows)
             budget -= num_new
 
-        finished, self._finished_ids = self._finished_ids, []
         preempted, self._preempted_ids = self._preempted_ids, []
         return SchedulerOutput(
             scheduled=scheduled,
             num_batched_tokens=self.config.max_num_batched_tokens - budget,
-            finished_request_ids=finished,
             preempted_request_ids=preempted,
         )
 

@@ -37,8 +37,6 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     num_batched_tokens: int
-    finished_request_ids: list[str] = field(default_factory=list)
-    """Requests finished or aborted since the last step: the runner drops all their state."""
     preempted_request_ids: list[str] = field(default_factory=list)
     """Requests preempted since the last step: their block tables are gone (they come back with
     is_new), but their per-request inputs stay."""

@@ -60,7 +60,6 @@ class ModelRunner:
         self._requests: dict[str, _RequestState] = {}
         # Per-request stage inputs (upstream embeddings, pixel values, ...), kept until finished.
         self._extras: dict[str, dict] = {}
-        self.passthrough: dict[str, object] = {}  # last step's non-per-token outputs
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -80,22 +79,25 @@ class ModelRunner:
         """Per-request inputs beyond token ids (e.g. upstream hidden states), kept until release."""
         self._extras[request_id] = extras
 
+    def release(self, request_ids: list[str]) -> None:
+        """Forget finished or aborted requests at once (their inputs can be large)."""
+        for request_id in request_ids:
+            self._requests.pop(request_id, None)
+            self._extras.pop(request_id, None)
+        if request_ids and hasattr(self.model, "release"):
+            self.model.release(request_ids)  # adapters' per-request state
+
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         for request_id in scheduler_output.preempted_request_ids:
-            self._requests.pop(request_id, None)
-        for request_id in scheduler_output.finished_request_ids:
-            self._requests.pop(request_id, None)
-            self._extras.pop(request_id, None)
-        if scheduler_output.finished_request_ids and hasattr(self.model, "release"):
-            self.model.release(scheduler_output.finished_request_ids)  # adapters' per-request state
+            self._requests.pop(request_id, None)  # block table gone; inputs stay
         if scheduler_output.is_empty:
             return RunnerOutput(sampled_token_ids={})
         batch = self._pack(scheduler_output.scheduled)
         outputs = self.model.forward(batch.model_inputs)
         if self.output_cache is not None:
             per_token = {"hidden_states": outputs.hidden_states, **outputs.extra}
-            self.passthrough = self.output_cache.discover(per_token, batch.slot_mapping.numel())
+            self.output_cache.discover(per_token, batch.slot_mapping.numel())
             self.output_cache.write(batch.slot_mapping, per_token)
         if not batch.sample_rows:
             return RunnerOutput(sampled_token_ids={})

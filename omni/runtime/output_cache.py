@@ -32,6 +32,9 @@ class OutputCache:
         self._flat: dict[str, torch.Tensor] = {}  # name -> (num_blocks * block_size, D) view
         self.valid_version: dict[str, np.ndarray] = {}
         self.discovered_step: dict[str, int] = {}
+        # Step that wrote each block's first row: an output discovered in a later step lacks
+        # the block's earlier rows.
+        self.first_write_step = np.zeros(num_blocks, dtype=np.int64)
         self.step = 0  # the engine's step counter; 0 = before serving (warm-up)
         self.num_incomplete = 0  # (request, output) pairs dropped: output discovered too late
         self.hit_rows = 0
@@ -63,6 +66,7 @@ class OutputCache:
 
         A tensor is per-token when its first dimension is the step's token count. A one-token
         step cannot tell ([1, D] could be pooled), so only multi-token steps discover new names.
+        The rest is returned, not cached: in a packed batch it belongs to no single request.
         """
         passthrough = {}
         for name, value in outputs.items():
@@ -92,19 +96,26 @@ class OutputCache:
     # ---- writes -------------------------------------------------------------------------------
     def write(self, slot_mapping: torch.Tensor, outputs: dict[str, torch.Tensor]) -> None:
         """One indexed copy per cached output: row i of each output goes to slot_mapping[i]."""
+        starts = slot_mapping[slot_mapping % self.block_size == 0] // self.block_size
+        self.first_write_step[starts.numpy()] = self.step
         for name, flat in self._flat.items():
             rows = outputs.get(name)
             if rows is not None:
                 flat[slot_mapping] = rows.detach().to(flat.dtype)
 
     def mark_complete(self, block_ids: list[int], versions: list[int]) -> None:
-        """These blocks' rows are all written for the given pool versions of their content."""
+        """These blocks' rows are all written for the given pool versions of their content, for
+        every output known since before each block's first row was written."""
         if not block_ids:
             return
         ids = np.asarray(block_ids, dtype=np.int64)
         vers = np.asarray(versions, dtype=np.int64)
-        for valid in self.valid_version.values():
-            valid[ids] = vers
+        first_written = self.first_write_step[ids]
+        for name, valid in self.valid_version.items():
+            # discover() runs before write() in a step, so a name found in the step that wrote
+            # the block's first row has all of its rows.
+            whole = first_written >= self.discovered_step[name]
+            valid[ids[whole]] = vers[whole]
 
     # ---- reads --------------------------------------------------------------------------------
     def num_valid_prefix(self, block_ids: list[int], versions: list[int], pending: set[int]) -> int:

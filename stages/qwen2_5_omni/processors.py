@@ -72,8 +72,6 @@ def _mm_extras(request: PromptInput) -> dict:
             if src.get(name) is not None:
                 out[key] = src[name]
                 break
-    if "audio_feature_lengths" not in out and src.get("feature_attention_mask") is not None:
-        out["audio_feature_lengths"] = src["feature_attention_mask"].sum(dim=1)  # as generate does
     return out
 
 

@@ -85,3 +85,46 @@ def test_stop_on_eos_and_stop_tokens(qwen2_dir):
     assert stopped.token_ids == free.token_ids[: free.token_ids.index(stop_at) + 1]
     assert stopped.finish_reason == "stopped"
     assert free.finish_reason == "length"
+
+
+def test_per_request_state_is_released_at_once(qwen2_dir):
+    engine = make_engine(qwen2_dir, block_size=4)
+    engine.add_request(StageInput("a", [5, 6, 7], SamplingParams(max_tokens=2), extras={"x": 1}))
+    engine.add_request(StageInput("b", [5, 6, 8], SamplingParams(max_tokens=9), extras={"x": 2}))
+    engine.step()
+    engine.abort(["b"])
+    engine.run_until_done()
+    # Nothing lingers until a next step: inputs can be large (pixels, upstream hidden states).
+    assert engine.runner._extras == {} and engine.runner._requests == {}
+    # The same id again keeps its new inputs.
+    engine.add_request(StageInput("a", [5, 6, 7], SamplingParams(max_tokens=2), extras={"x": 3}))
+    engine.step()
+    assert engine.runner._extras == {"a": {"x": 3}}
+    engine.run_until_done()
+
+
+def test_a_failing_step_fails_its_requests_not_the_stage(qwen2_dir, monkeypatch):
+    from omni.stage_client import add_to_engine, step_engine
+
+    engine = make_engine(qwen2_dir, block_size=4)
+    for i in range(3):
+        engine.add_request(StageInput(f"r{i}", list(range(5, 30)), SamplingParams(max_tokens=4)))
+    engine.step()
+    original = engine.runner.execute
+
+    def broken(scheduler_output):
+        raise RuntimeError("device fell over")
+
+    monkeypatch.setattr(engine.runner, "execute", broken)
+    failed = step_engine(engine)
+    assert sorted(r.request_id for r in failed) == ["r0", "r1", "r2"]
+    assert all("device fell over" in r.error for r in failed)
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks and engine.kv.cached_block_ids() == []
+    monkeypatch.setattr(engine.runner, "execute", original)
+    # An adapter hook tripping over one input (not a ValueError) rejects that request alone.
+    monkeypatch.setattr(engine.model, "check_inputs", lambda s: s.extras["missing"], raising=False)
+    rejected = add_to_engine(engine, StageInput("bad", [5, 6], SamplingParams(max_tokens=1)))
+    assert "KeyError" in rejected.error and "'bad'" in rejected.error
+    monkeypatch.undo()
+    engine.add_request(StageInput("after", [5, 6, 7], SamplingParams(max_tokens=2)))
+    assert [r.request_id for r in engine.run_until_done()] == ["after"]

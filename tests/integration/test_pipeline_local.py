@@ -168,3 +168,22 @@ def test_yaml_with_variables_and_overrides(dirs):
         assert omni.config.stage("b").model == variables["MODEL_B"]
         (out,) = omni.generate("a short prompt", use_tqdm=False)
         assert out.error is None and out.final.token_ids
+
+
+@pytest.mark.parametrize(
+    ("prompt", "fragment"),
+    [
+        ([5, -1], "prompt_token_ids[1] = -1"),
+        ([5, "x"], "prompt_token_ids[1] = 'x'"),
+        ([5, 2.0], "prompt_token_ids[1] = 2.0"),
+        ([True, 5], "prompt_token_ids[0] = True"),
+        ({"prompt": ""}, "'prompt' must be a non-empty string"),
+        ({"prompt": "a", "colour": 1}, "unknown key(s) ['colour']"),
+    ],
+)
+def test_bad_prompts_raise_before_any_work(local_omni, prompt, fragment):
+    steps_before = {name: s["steps"] for name, s in local_omni.stats().items()}
+    with pytest.raises(ValueError) as info:
+        local_omni.generate(["a fine prompt", prompt], use_tqdm=False)
+    assert fragment in str(info.value)
+    assert {name: s["steps"] for name, s in local_omni.stats().items()} == steps_before

@@ -282,15 +282,14 @@ def test_parent_identity_includes_its_version():
 
     pool = BlockPool(4)
     parent, child = pool.get_new_blocks(2)
-    pool.cache_block(parent, b"h", [1, 2], (), None)
-    pool.cache_block(child, b"h", [3, 4], (), parent)
-    assert pool.lookup(b"h", parent, [3, 4], ()) is child
+    pool.cache_block(parent, b"h", b"AB", (), None)
+    pool.cache_block(child, b"h", b"CD", (), parent)
+    assert pool.longest_prefix([b"h", b"h"], [b"AB", b"CD"], None, 2) == [parent, child]
     pool.free_blocks([parent])
     pool.get_new_blocks(3)  # pops 2, 3, then evicts the parent's block 0 (free queue order)
     assert parent.block_hash is None
-    pool.cache_block(parent, b"h", [8, 8], (), None)  # same block, new content
-    assert pool.lookup(b"h", None, [8, 8], ()) is parent
-    assert pool.lookup(b"h", parent, [3, 4], ()) is None
+    pool.cache_block(parent, b"h", b"XY", (), None)  # same block, new content and version
+    assert pool.longest_prefix([b"h", b"h"], [b"XY", b"CD"], None, 2) == [parent]
 
 
 def test_generation_key_separates_generated_blocks_only():

@@ -89,3 +89,18 @@ def test_reused_block_does_not_serve_old_rows():
     assert cache.num_valid_prefix([0], [1], set()) == 0
     # ...unless the reuser completes them in this very step.
     assert cache.num_valid_prefix([0], [1], {0}) == 1
+
+
+def test_output_discovered_mid_block_is_not_marked_valid_for_it():
+    cache = OutputCache(num_blocks=2, block_size=4, dtype=torch.float32)
+    cache.allocate("hidden_states", (1,))  # step 0: known from the start
+    cache.step = 1
+    cache.write(torch.tensor([0, 1]), {"hidden_states": torch.ones(2, 1)})  # block 0's first rows
+    cache.step = 2
+    outputs = {"hidden_states": torch.ones(2, 1), "late": torch.ones(2, 3)}
+    cache.discover(outputs, 2)  # "late" appears only now: it has no rows 0 and 1
+    cache.write(torch.tensor([2, 3]), outputs)
+    cache.mark_complete([0], [5])
+    assert cache.valid_version["hidden_states"][0] == 5
+    assert cache.valid_version["late"][0] == -1
+    assert cache.num_valid_prefix([0], [5], set()) == 0  # a hit would lack "late" rows
