@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import ray
@@ -38,6 +39,7 @@ from omni.transport import light_result, pack_result, unpack_input, unpack_resul
 logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5  # the loop re-checks for shutdown at least this often when idle
+ABORTED_IDS_KEPT = 10_000  # how many recent aborts a late submit is checked against
 
 
 @ray.remote
@@ -66,6 +68,9 @@ class StageActor:
         self._cond = threading.Condition()
         self._inbox: list[StageInput] = []
         self._aborts: list[str] = []
+        # Recently aborted ids: calls to a threaded actor are not ordered, so a submit can land
+        # after the abort of the same request; it is dropped instead of run for nobody.
+        self._aborted_ids: OrderedDict[str, None] = OrderedDict()
         self._outbox: list[tuple[StageResult, Any]] = []
         self._stopped = False
         self._loop_error: str | None = None
@@ -96,7 +101,7 @@ class StageActor:
                 why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
                 self._emit([error_result(item.request_id, self.name, why)])
         with self._cond:
-            self._inbox.extend(accepted)
+            self._inbox.extend(s for s in accepted if s.request_id not in self._aborted_ids)
             self._cond.notify_all()
         return len(accepted)
 
@@ -114,6 +119,10 @@ class StageActor:
         with self._cond:
             self._inbox = [s for s in self._inbox if s.request_id not in dropped]
             self._aborts.extend(request_ids)
+            for request_id in request_ids:
+                self._aborted_ids[request_id] = None
+            while len(self._aborted_ids) > ABORTED_IDS_KEPT:
+                self._aborted_ids.popitem(last=False)
             self._cond.notify_all()
 
     def stats(self) -> dict[str, Any]:

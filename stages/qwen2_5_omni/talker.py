@@ -73,6 +73,10 @@ class OmniTalkerAdapter:
         speaker = stage_input.extras.get("speaker", "Chelsie")
         if speaker not in self.speakers:
             raise ValueError(f"unknown speaker {speaker!r}; available: {sorted(self.speakers)}")
+        # Built here, not in forward(): an input it trips over is then rejected alone instead of
+        # failing every talker request of the step.
+        state = build_state(stage_input.extras, self.talker, self.thinker_rows, self.speakers)
+        self._states[stage_input.request_id] = state
 
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:
