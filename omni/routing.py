@@ -13,6 +13,7 @@ call) are ignored, so a stale result can never be routed twice.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -103,13 +104,20 @@ class Router:
                 if all(name in got for name in consumer.inputs):
                     upstream = {name: got[name].payload for name in consumer.inputs}
                     item_in = RoutedInput(
-                        rid, upstream, self.prompts[rid], self.params[consumer.name]
+                        rid, upstream, self._routed_prompt(rid), self.params[consumer.name]
                     )
                     routed.setdefault(consumer.name, []).append(item_in)
                     self.inflight[rid].add(consumer.name)
         for stage, items in routed.items():
             self.backend.submit(stage, items)
         return out
+
+    def _routed_prompt(self, rid: str) -> PromptInput:
+        """The request as edges see it: without the user's raw prompt (e.g. PIL images) and the
+        root stage's large encoder inputs, which downstream stages never read."""
+        prompt = self.prompts[rid]
+        small = {k: v for k, v in prompt.extras.items() if _nbytes(v) <= ROUTED_EXTRA_MAX_BYTES}
+        return dataclasses.replace(prompt, original=None, extras=small)
 
     def _complete(self, rid: str, error: StageResult | None, per_stage: bool) -> list[Any]:
         self.remaining.discard(rid)
@@ -149,3 +157,12 @@ class Router:
                 with contextlib.suppress(Exception):  # best effort: the stage may be gone
                     self.backend.abort(stage, [rid])
         self.remaining.clear()
+
+
+ROUTED_EXTRA_MAX_BYTES = 64 << 10
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return int(getattr(value, "nbytes", 0))
