@@ -17,13 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni.config_load import load_raw
 from omni.config_validate import (
     STAGE_NAME,
     FieldError,
     build,
     check_types,
     config_error,
-    load_raw,
     one_of,
     read_model_config,
     require,

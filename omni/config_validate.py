@@ -1,12 +1,11 @@
 """The machinery behind omni/config.py: typed field checks, dict -> dataclass building with the
-full key path in every error, raw loading (YAML, ${NAME} variables, model paths, overrides), the
-stage graph and resource checks. Torch-free: `omni validate` runs it without any model code.
+full key path in every error, the stage graph and resource checks (raw loading is in
+omni/config_load.py). Torch-free: `omni validate` runs it without any model code.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import difflib
 import functools
@@ -18,8 +17,6 @@ import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
-
-import yaml
 
 STAGE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # no dots: names are override path parts
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -168,113 +165,6 @@ def stage_path(index: int, data: Any) -> str:
 
 
 # ---- raw loading ------------------------------------------------------------------------------
-
-
-def load_raw(source: Any, overrides: Any, variables: Mapping[str, str]) -> dict[str, Any]:
-    """load_config's source as plain data: variables substituted, overrides merged, models
-    absolute."""
-    if isinstance(source, Mapping):
-        raw: Any = copy.deepcopy(dict(source))
-    else:
-        path = os.fspath(source)
-        try:
-            with open(path, encoding="utf-8") as f:
-                raw = yaml.safe_load(f)
-        except OSError as e:
-            raise ConfigError(f"cannot read config file {path!r}: {e.strerror}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML: {e}") from None
-        # Literal relative paths in a file belong to the file; ${MODEL}/x gets its base from
-        # the variable, which (like dict sources and overrides) is relative to the cwd.
-        _anchor_models(raw, os.path.dirname(os.path.abspath(path)), skip_variables=True)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"a stage config must be a mapping with runtime and stages, got {raw!r}")
-    raw = _substitute(raw, variables, "")
-    for key, value in _parse_overrides(overrides):
-        _merge(raw, key, _substitute(value, variables, key))
-    _anchor_models(raw, os.getcwd())
-    return raw
-
-
-def _substitute(data: Any, variables: Mapping[str, str], path: str) -> Any:
-    """${NAME} replaced in every string (there is no escape: no config value needs a `${`)."""
-    if isinstance(data, str):
-
-        def replace(m: re.Match[str]) -> str:
-            if m[1] not in variables:
-                known = ", ".join(sorted(variables)) or "none"
-                raise config_error(
-                    path, f"undefined variable ${{{m[1]}}} in {data!r}; defined: {known}"
-                )
-            value = variables[m[1]]
-            return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
-
-        return _VAR.sub(replace, data)
-    if isinstance(data, Mapping):
-        return {k: _substitute(v, variables, f"{path}.{k}".lstrip(".")) for k, v in data.items()}
-    if isinstance(data, list):
-        paths = [
-            stage_path(i, v) if path == "stages" else f"{path}[{i}]" for i, v in enumerate(data)
-        ]
-        return [_substitute(v, variables, p) for p, v in zip(paths, data, strict=True)]
-    return data
-
-
-def _anchor_models(raw: Any, base_dir: str, *, skip_variables: bool = False) -> None:
-    stages = raw.get("stages") if isinstance(raw, dict) else None
-    for stage in stages if isinstance(stages, list) else ():
-        model = stage.get("model") if isinstance(stage, dict) else None
-        if isinstance(model, str) and model and not (skip_variables and model.startswith("${")):
-            stage["model"] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(model)))
-
-
-def _parse_overrides(overrides: Mapping[str, object] | Sequence[str] | None) -> list[tuple]:
-    if isinstance(overrides, Mapping):
-        return [(str(k), v) for k, v in overrides.items()]
-    pairs = []
-    for item in [overrides] if isinstance(overrides, str) else overrides or ():
-        if not isinstance(item, str) or "=" not in item:
-            example = "stages.thinker.engine.num_blocks=512"
-            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. {example}")
-        key, _, text = item.partition("=")
-        try:
-            pairs.append((key.strip(), yaml.safe_load(text)))
-        except yaml.YAMLError as e:
-            raise ConfigError(f"override {item!r}: the value is not YAML: {e}") from None
-    return pairs
-
-
-def _merge(raw: dict[str, Any], key: str, value: Any) -> None:
-    """Set dotted `key`: mappings merge into what is there, anything else replaces it.
-
-    Under `stages` a path component is a stage name (or a list index).
-    """
-    if isinstance(value, Mapping):
-        for sub_key, sub_value in value.items():
-            _merge(raw, f"{key}.{sub_key}", sub_value)
-        return
-    parts = key.split(".")
-    node: Any = raw
-    for depth, part in enumerate(parts):
-        if not part:
-            raise ConfigError(f"override {key!r}: empty key component")
-        if isinstance(node, list):
-            names = [s.get("name") if isinstance(s, dict) else None for s in node]
-            if part in names:
-                part = names.index(part)
-            elif part.isdigit() and int(part) < len(node):
-                part = int(part)
-            else:
-                raise ConfigError(
-                    f"override {key!r}: no stage named {part!r}{suggest(part, names)}"
-                )
-        elif not isinstance(node, dict):
-            raise ConfigError(f"override {key!r}: {'.'.join(parts[:depth])} is not a mapping")
-        elif depth < len(parts) - 1 and node.get(part) is None:
-            node[part] = {}
-        if depth == len(parts) - 1:
-            node[part] = value
-        node = node[part]
 
 
 def read_model_config(model_dir: str, path: str) -> dict[str, Any]:
