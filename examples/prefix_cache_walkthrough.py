@@ -22,6 +22,7 @@ class Snapshot:
     block_tables: dict[str, list[int]]
     cached_block_ids: list[int]
     free_queue: list[int]
+    block_contents: dict[int, list[int] | None]  # block id -> the token ids it caches
 
 
 def replay() -> list[Snapshot]:
@@ -35,8 +36,18 @@ def replay() -> list[Snapshot]:
     def snap(time: int, event: str, *requests: Request) -> None:
         tables = {r.request_id: manager.get_block_ids(r.request_id) for r in requests}
         snapshots.append(
-            Snapshot(time, event, tables, manager.cached_block_ids(), manager.free_block_ids())
+            Snapshot(
+                time,
+                event,
+                tables,
+                manager.cached_block_ids(),
+                manager.free_block_ids(),
+                contents(),
+            )
         )
+
+    def contents() -> dict[int, list[int] | None]:
+        return {block.block_id: block.token_ids for block in manager.pool.blocks}
 
     def schedule(request: Request, num_new_tokens: int) -> None:
         hit_ids, num_hit_tokens = ([], 0)
@@ -71,7 +82,12 @@ def replay() -> list[Snapshot]:
     hit_ids, num_hit_tokens = manager.get_computed_blocks(req2)
     snapshots.append(
         Snapshot(
-            7, f"request 2 looks up: hits {hit_ids}", {}, manager.cached_block_ids(), queue_before
+            7,
+            f"request 2 looks up: hits {hit_ids}",
+            {},
+            manager.cached_block_ids(),
+            queue_before,
+            contents(),
         )
     )
     manager.allocate_slots(req2, req2.num_tokens - num_hit_tokens, num_hit_tokens, hit_ids)

@@ -44,10 +44,13 @@ def test_worked_example_times_1_to_7():
 
 
 def test_block_3_is_evicted_at_time_7():
-    # Block 3 held request 0's tokens 12..15 at time 6; at time 7 it is reused for request 2's
-    # tokens 28..31, so it now carries request 2's hash and a new version.
+    # Block 3 cached request 0's tokens 12..15 (two prompt, two generated) until time 6; at time 7
+    # it is evicted and reused for request 2's tokens 28..31, which it now caches instead.
     snaps = replay()
-    assert 3 in snaps[-1].cached_block_ids  # re-cached with new content (full prompt block)
+    time6, time7 = snaps[5], snaps[-1]
+    assert time6.block_contents[3] == [112, 113, 114, 115]
+    assert time7.block_contents[3] == list(range(314, 318))
+    assert 3 in time7.cached_block_ids
 
 
 def test_duplicated_blocks_example():
