@@ -88,6 +88,3 @@ class PromptProcessor:
         if salt is not None and not isinstance(salt, str):
             raise ValueError(f"prompt {request_id!r}: cache_salt must be a string, got {salt!r}")
         return PromptInput(request_id, token_ids, text=text, cache_salt=salt, original=prompt)
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)

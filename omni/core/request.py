@@ -29,11 +29,10 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stopped"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "aborted"
-    FINISHED_ERROR = "error"
 
     @property
     def finished(self) -> bool:
-        return self.value in ("stopped", "length", "aborted", "error")
+        return self.value in ("stopped", "length", "aborted")
 
 
 class Request:

@@ -24,17 +24,11 @@ from omni.config import (
     load_config,
 )
 from omni.core.sampling_params import SamplingParams
-from stages import registry
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def join_processor():
-    """A registered input processor, so multi-stage configs validate without real stages."""
-    registry.register_input_processor("join")(lambda outputs: outputs)
-    yield
-    registry.INPUT_PROCESSORS.pop("join", None)
+pytestmark = pytest.mark.usefixtures("join_processor")
 
 
 def make_model(path: Path, config: dict | None = None) -> str:

@@ -14,11 +14,7 @@ from stages import registry
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def join_processor():
-    registry.register_input_processor("join")(lambda outputs: outputs)
-    yield
-    registry.INPUT_PROCESSORS.pop("join", None)
+pytestmark = pytest.mark.usefixtures("join_processor")
 
 
 def test_registry_lookup_is_lazy_and_lists_names():
