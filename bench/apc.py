@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from omni.config import config_for_model  # noqa: E402
 from omni.core.sampling_params import SamplingParams  # noqa: E402
 from omni.engine import StageEngine  # noqa: E402
-from omni.outputs import StageInput  # noqa: E402
+from omni.messages import StageInput  # noqa: E402
 
 
 def engine_for(model_dir: str, caching: bool, **engine) -> StageEngine:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from omni.config import config_for_model  # noqa: E402
 from omni.core.sampling_params import SamplingParams  # noqa: E402
 from omni.engine import StageEngine  # noqa: E402
-from omni.outputs import StageInput  # noqa: E402
+from omni.messages import StageInput  # noqa: E402
 from omni.runtime.output_cache import OutputCache  # noqa: E402
 
 

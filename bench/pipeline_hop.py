@@ -5,8 +5,8 @@ actor gets the ObjectRef (nested in a list, so Ray does not resolve it for it) a
 torch tensor (get, timed in the receiver). Three encodings:
 
   torch pickled   the torch tensor itself: pickled into a byte string, unpickled (copied) again
-  numpy view      omni.transport.WireTensor, unpack(copy=False): zero-copy read-only view
-  numpy + copy    omni.transport.WireTensor, unpack(copy=True): what omni does (one memcpy)
+  numpy view      omni.backends.transport.WireTensor, unpack(copy=False): zero-copy read-only view
+  numpy + copy    omni.backends.transport.WireTensor, unpack(copy=True): what omni does (one memcpy)
 
 hop = put + get; GB/s = bytes / hop. Best of --repeats hops (fresh objects each time): on a shared
 machine the minimum is the least noisy estimate. Also the driver-side round trip of an empty
@@ -34,7 +34,7 @@ class Sender:
     def put(self, rows: int, dim: int, mode: str) -> tuple[float, list]:
         import torch
 
-        from omni.transport import WireTensor
+        from omni.backends.transport import WireTensor
 
         tensor = torch.randn(rows, dim)
         payload = tensor if mode == "torch pickled" else WireTensor.pack(tensor)

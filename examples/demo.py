@@ -100,7 +100,7 @@ def two_stage_scenario() -> Scenario:
 
 def run(scenario: Scenario) -> None:
     from omni.audio import write_wav
-    from omni.pipeline import Omni
+    from omni.entrypoints.omni import Omni
 
     print(f"== {scenario.title}")
     start = time.perf_counter()

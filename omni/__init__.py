@@ -4,18 +4,25 @@ The torch side is imported lazily so that `import omni.core` (the bookkeeping co
 `omni.config` stay torch-free.
 """
 
+from typing import Any
+
+from omni.config import ConfigError
 from omni.core.sampling_params import SamplingParams
 
-__all__ = ["Omni", "OmniOutput", "SamplingParams", "StageResult"]
+__all__ = ["AsyncOmni", "ConfigError", "Omni", "OmniOutput", "SamplingParams", "StageResult"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "Omni":
-        from omni.pipeline import Omni
+        from omni.entrypoints.omni import Omni
 
         return Omni
-    if name in ("OmniOutput", "StageResult"):
-        from omni import outputs
+    if name == "AsyncOmni":
+        from omni.entrypoints.async_omni import AsyncOmni
 
-        return getattr(outputs, name)
+        return AsyncOmni
+    if name in ("OmniOutput", "StageResult"):
+        from omni import messages
+
+        return getattr(messages, name)
     raise AttributeError(f"module 'omni' has no attribute {name!r}")

@@ -1,27 +1,6 @@
 """Stage model adapters and stage-to-stage input processors, one module per model family.
 
-Only the registry is imported here: adapters pull in torch and transformers, and `import stages`
-must stay cheap for config validation. Adapter modules register themselves when imported.
+Each module registers its adapters and processors into omni's registry (omni/registry.py) when
+imported; the built-ins are also declared there by name, so `omni validate` knows them without
+importing any model code.
 """
-
-from stages.registry import (
-    ADAPTERS,
-    INPUT_PROCESSORS,
-    get_adapter,
-    get_input_processor,
-    known_adapters,
-    known_input_processors,
-    register_adapter,
-    register_input_processor,
-)
-
-__all__ = [
-    "ADAPTERS",
-    "INPUT_PROCESSORS",
-    "get_adapter",
-    "get_input_processor",
-    "known_adapters",
-    "known_input_processors",
-    "register_adapter",
-    "register_input_processor",
-]

@@ -6,13 +6,13 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
+from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
-from omni.runtime.stage_model import ModelInputs, ModelOutputs
-from stages.registry import register_adapter
+from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
 
 
-@register_adapter("causal_lm")
-class CausalLMAdapter:
+@register_adapter("causal_lm", requires_causal_lm=True)
+class CausalLMAdapter(StageModelBase):
     def __init__(self, model_dir: str, *, dtype: torch.dtype = torch.float32) -> None:
         register_paged_attention()
         hf_logging.disable_progress_bar()  # a serving framework logs its own progress

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from omni.inputs import PromptInput
-from omni.outputs import StageInput, StageResult
+from omni.messages import PromptInput, StageInput, StageResult
+from omni.registry import register_adapter, register_input_processor
 from omni.runtime.stage_model import ModelInputs, ModelOutputs
 from stages.causal_lm import CausalLMAdapter
-from stages.registry import register_adapter, register_input_processor
 
 PROJECTION_SEED = 1234
 EMBEDS_KEY = "prompt_embeds"
@@ -55,7 +54,7 @@ def hidden_to_embeds(upstream: dict[str, StageResult], prompt: PromptInput) -> S
     )
 
 
-@register_adapter("embeds_lm")
+@register_adapter("embeds_lm", requires_causal_lm=True)
 class EmbedsLMAdapter(CausalLMAdapter):
     def __init__(self, model_dir: str, *, dtype: torch.dtype = torch.float32) -> None:
         super().__init__(model_dir, dtype=dtype)

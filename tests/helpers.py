@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from omni.config import load_config
 from omni.core.sampling_params import SamplingParams
 from omni.engine import StageEngine
-from omni.outputs import StageInput
+from omni.messages import StageInput
 
 
 def shared_prefix_prompts(vocab_size: int, num_prompts: int = 12, seed: int = 0) -> list[list[int]]:

@@ -9,13 +9,15 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Callable
+from typing import TypeAlias
 
 import xxhash
 
 from omni.core.request import Request
 
-BlockHash = bytes
-ExtraKeys = tuple
+BlockHash: TypeAlias = bytes
+ExtraKeys: TypeAlias = tuple[tuple[str | int, ...], ...]
+"""A block's extra keys: ("mm", identifier, offset), ("lora", id), ("salt", s), ("gen", key)."""
 
 # Parent of the first block of every sequence. Fixed forever: changing it invalidates nothing
 # in memory but would make hashes differ from earlier runs.
@@ -50,7 +52,7 @@ def block_extra_keys(request: Request, block_index: int, block_size: int) -> Ext
     """
     start = block_index * block_size
     end = start + block_size
-    keys: list = []
+    keys: list[tuple[str | int, ...]] = []
     for item in request.mm_inputs:  # sorted by offset
         if item.offset >= end:
             break

@@ -83,9 +83,12 @@ class FreeBlockQueue:
         popped = []
         block = self._head.next_free
         for _ in range(num_blocks):
+            # A queued block is always linked on both sides (the tail sentinel ends the chain).
+            assert block is not None
             popped.append(block)
             block = block.next_free
             popped[-1].prev_free = popped[-1].next_free = None
+        assert block is not None
         self._head.next_free = block
         block.prev_free = self._head
         self.num_free_blocks -= num_blocks
@@ -93,6 +96,7 @@ class FreeBlockQueue:
 
     def append(self, block: Block) -> None:
         last = self._tail.prev_free
+        assert last is not None
         last.next_free = block
         block.prev_free = last
         block.next_free = self._tail
@@ -104,6 +108,7 @@ class FreeBlockQueue:
         if not blocks:
             return
         last = self._tail.prev_free
+        assert last is not None
         for block in blocks:
             last.next_free = block
             block.prev_free = last
@@ -113,14 +118,18 @@ class FreeBlockQueue:
         self.num_free_blocks += len(blocks)
 
     def remove(self, block: Block) -> None:
-        block.prev_free.next_free = block.next_free
-        block.next_free.prev_free = block.prev_free
+        prev, nxt = block.prev_free, block.next_free
+        if prev is None or nxt is None:
+            raise RuntimeError(f"block {block.block_id} is not in the free queue")
+        prev.next_free = nxt
+        nxt.prev_free = prev
         block.prev_free = block.next_free = None
         self.num_free_blocks -= 1
 
     def __iter__(self) -> Iterator[Block]:
         block = self._head.next_free
         while block is not self._tail:
+            assert block is not None
             yield block
             block = block.next_free
 
@@ -231,10 +240,12 @@ class BlockPool:
             self._unmap(block)
 
     def _unmap(self, block: Block) -> None:
-        same_hash = self.cached[block.block_hash]
+        block_hash = block.block_hash
+        assert block_hash is not None, "callers unmap cached blocks only"
+        same_hash = self.cached[block_hash]
         del same_hash[block.block_id]
         if not same_hash:
-            del self.cached[block.block_hash]
+            del self.cached[block_hash]
         block.block_hash = None
         block.token_bytes = None
         block.extra_keys = ()

@@ -16,7 +16,7 @@ class PrefixCacheStats:
     """Tokens served from cached blocks."""
     window: int = 1000
     """How many recent requests `recent_hit_rate` covers."""
-    _recent: deque = field(default_factory=deque, repr=False)
+    _recent: deque[tuple[int, int]] = field(default_factory=deque, repr=False)
 
     def record(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
         self.requests += 1

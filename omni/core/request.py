@@ -71,7 +71,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_preemptions = 0
         # Memo of the full blocks' chained hashes and token bytes (block_hash.hash_request_blocks).
-        self.block_hashes: list = []
+        self.block_hashes: list[bytes] = []
         self.block_token_bytes: list[bytes] = []
         self.block_hash_algo: str | None = None
         self.block_hash_size = 0

@@ -8,12 +8,13 @@ boundaries come from the metadata alone.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import AttentionInterface
 
 from kernels.cache_ops import reshape_and_cache
-from kernels.paged_attention import make_plan, paged_attention
+from kernels.paged_attention import PagedAttentionPlan, make_plan, paged_attention
 
 ATTENTION_NAME = "omni_paged"
 
@@ -26,12 +27,19 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int64: sequence i owns rows [i]:[i + 1]
     seq_lens: torch.Tensor  # [num_seqs] int64: context length including the fed tokens
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int64
-    kv_caches: list  # per decoder layer index: (key_cache, value_cache)
-    plan: object = None  # kernels.paged_attention.make_plan(...) result
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (key_cache, value_cache)
+    plan: PagedAttentionPlan | None = None  # kernels.paged_attention.make_plan(...) result
 
     @classmethod
     def build(
-        cls, *, slot_mapping, query_start_loc, seq_lens, block_tables, kv_caches, block_size
+        cls,
+        *,
+        slot_mapping: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        block_size: int,
     ) -> "AttentionMetadata":
         """Metadata with its attention plan precomputed once for every layer of the step."""
         slot_mapping = torch.as_tensor(slot_mapping, dtype=torch.int64)
@@ -53,8 +61,15 @@ class AttentionMetadata:
 
 
 def paged_attention_forward(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
-):
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """Registered attention function: query [1, H, T, D], key/value [1, Hkv, T, D] (rotary applied,
     kv heads not repeated). Writes the new K/V into the layer's cache, then attends over the
     paged context. Returns ([1, T, H, D], None)."""

@@ -8,7 +8,9 @@ written to the stage-output cache at the token's KV slot.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,7 +61,7 @@ class ModelRunner:
         self.sampler = Sampler(seed)
         self._requests: dict[str, _RequestState] = {}
         # Per-request stage inputs (upstream embeddings, pixel values, ...), kept until finished.
-        self._extras: dict[str, dict] = {}
+        self._extras: dict[str, Mapping[str, Any]] = {}
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -75,7 +77,7 @@ class ModelRunner:
             per_token = {"hidden_states": outputs.hidden_states, **outputs.extra}
             self.output_cache.discover(per_token, batch.slot_mapping.numel())
 
-    def add_request_extras(self, request_id: str, extras: dict) -> None:
+    def add_request_extras(self, request_id: str, extras: Mapping[str, Any]) -> None:
         """Per-request inputs beyond token ids (e.g. upstream hidden states), kept until release."""
         self._extras[request_id] = extras
 
@@ -84,7 +86,7 @@ class ModelRunner:
         for request_id in request_ids:
             self._requests.pop(request_id, None)
             self._extras.pop(request_id, None)
-        if request_ids and hasattr(self.model, "release"):
+        if request_ids:
             self.model.release(request_ids)  # adapters' per-request state
 
     @torch.inference_mode()
@@ -115,6 +117,11 @@ class ModelRunner:
         for entry in scheduled:
             state = self._requests.get(entry.request_id)
             if entry.is_new or state is None:
+                if entry.sampling_params is None:  # the scheduler sets them whenever is_new
+                    raise RuntimeError(
+                        f"request {entry.request_id!r} scheduled without a block table "
+                        f"or sampling params (is_new={entry.is_new})"
+                    )
                 state = _RequestState(list(entry.new_block_ids), entry.sampling_params)
                 self._requests[entry.request_id] = state
             else:

@@ -1,13 +1,22 @@
-"""The contract between the model runner and a stage's model adapter (stages/*.py)."""
+"""The contract between the engines and a stage's model adapter (stages/*.py).
+
+An ar adapter (StageEngine, ModelRunner) is a `StageModel`; a generation adapter (GenerationEngine)
+is a `GenerationModel`. Both subclass `StageModelBase`, which gives the optional hooks no-op
+defaults, so the engines call them directly. What config validation knows about an adapter
+without importing it (kind, text or not, outputs, accepted checkpoints) is its AdapterSpec in
+omni/registry.py.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from omni.core.scheduler_output import ScheduledRequest
+from omni.messages import StageInput
 from omni.runtime.attention import AttentionMetadata
 
 
@@ -19,7 +28,7 @@ class ModelInputs:
     positions: torch.Tensor  # [num_tokens] int64, absolute position of each fed token
     attn: AttentionMetadata
     scheduled: list[ScheduledRequest]  # in packing order; attn.query_start_loc delimits them
-    request_extras: dict[str, dict] = field(default_factory=dict)  # per-request stage inputs
+    request_extras: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # stage inputs
 
 
 @dataclass
@@ -28,12 +37,21 @@ class ModelOutputs:
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # other outputs of the forward
 
 
-class StageModel(Protocol):
-    """What a stage adapter provides. Adapters load HF checkpoints with our paged attention.
+class StageModelBase:
+    """Base class of every stage adapter: no-op defaults for the hooks an adapter may override."""
 
-    An adapter that keeps per-request state (e.g. mrope positions) may also define
-    `release(request_ids)`, called once those requests finished or were aborted.
-    """
+    def check_inputs(self, stage_input: StageInput) -> None:
+        """Called on add_request: raise ValueError (failing this request alone) for an input the
+        model cannot run. Default: accept everything."""
+
+    def release(self, request_ids: list[str]) -> None:
+        """Called once these requests finished or were aborted: drop their per-request state
+        (e.g. mrope positions). Default: nothing to drop."""
+
+
+class StageModel(Protocol):
+    """What an ar stage adapter provides (kind "ar": StageEngine and ModelRunner). Adapters load
+    HF checkpoints with our paged attention."""
 
     num_layers: int
     num_kv_heads: int
@@ -43,6 +61,27 @@ class StageModel(Protocol):
     eos_token_id: int | None
     dtype: torch.dtype
 
-    def forward(self, inputs: ModelInputs) -> ModelOutputs: ...
+    def forward(self, inputs: ModelInputs) -> ModelOutputs:
+        """Run the packed batch; `hidden_states` and every tensor in `extra` with one row per fed
+        token are the per-token outputs (AdapterSpec.emits) cached and returned to the caller."""
+        ...
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor: ...
+
+    def check_inputs(self, stage_input: StageInput) -> None: ...
+
+    def release(self, request_ids: list[str]) -> None: ...
+
+
+class GenerationModel(Protocol):
+    """What a generation stage adapter provides (kind "generation": GenerationEngine), e.g. a
+    vocoder: one `generate` call per request, no KV cache or sampling."""
+
+    sample_rate: int
+    """Samples per second of the waveforms `generate` returns."""
+
+    def generate(self, stage_input: StageInput, seed: int) -> torch.Tensor:
+        """The 1-D float32 waveform of one request; `seed` seeds any noise it draws."""
+        ...
+
+    def check_inputs(self, stage_input: StageInput) -> None: ...

@@ -26,12 +26,14 @@ prompt order. Per-modality lists are in placeholder order; index i of each belon
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
 from omni.core.request import MultiModalInput
-from omni.inputs import PromptInput, PromptProcessor
+from omni.entrypoints.prompt_processor import PromptProcessor
+from omni.messages import PromptInput
 from stages.qwen2_5_omni import media
 
 MODALITIES = ("images", "audio")
@@ -89,8 +91,8 @@ class OmniPromptProcessor(PromptProcessor):
             prompt = dict(prompt)
             for key in MODALITIES:
                 items[key] = _as_list(prompt.pop(key, None), key)
-        base = super().__call__(request_id, prompt)  # keys, text/ids, salt: validated there
-        base.original = original
+        # keys, text/ids, salt: validated there
+        base = dataclasses.replace(super().__call__(request_id, prompt), original=original)
         where = f"prompt {request_id!r}"
         token_ids = list(base.prompt_token_ids)
         if not any(self.placeholder[k] in token_ids for k in MODALITIES) and any(items.values()):
@@ -117,8 +119,9 @@ class OmniPromptProcessor(PromptProcessor):
         token_ids, mm_inputs = self._expand(where, token_ids, runs, extras, counts)
         if extras:
             extras["mm_identifiers"] = [item.identifier for item in mm_inputs]
-        base.prompt_token_ids, base.mm_inputs, base.extras = token_ids, tuple(mm_inputs), extras
-        return base
+        return dataclasses.replace(
+            base, prompt_token_ids=token_ids, mm_inputs=tuple(mm_inputs), extras=extras
+        )
 
     # ---- steps ---------------------------------------------------------------------------------
     def _chat_turn(self, token_ids: list[int], items: dict[str, list]) -> list[int]:

@@ -38,10 +38,10 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from omni.inputs import PromptInput
-from omni.outputs import StageInput, StageResult
+from omni.messages import PromptInput
+from omni.messages import StageInput, StageResult
 from stages.qwen2_5_omni.talker import speaker_key
-from stages.registry import register_input_processor
+from omni.registry import register_input_processor
 
 DEFAULT_SPEAKER = "Chelsie"  # transformers' generate default
 CODEC_EOS = (8292, 8294)  # generate's talker_eos_token_id (codec pad, codec end)

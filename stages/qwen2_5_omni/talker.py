@@ -23,12 +23,12 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 )
 from transformers.utils import logging as hf_logging
 
-from omni.outputs import StageInput
+from omni.messages import StageInput
+from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
-from omni.runtime.stage_model import ModelInputs, ModelOutputs
+from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
 from stages.qwen2_5_omni.part_loader import load_part, load_rows, load_speakers
 from stages.qwen2_5_omni.talker_inputs import TalkerRequestState, build_state, check_extras
-from stages.registry import register_adapter
 
 
 def speaker_key(name: str) -> int:
@@ -38,8 +38,8 @@ def speaker_key(name: str) -> int:
     return zlib.crc32(f"qwen2_5_omni speaker {name}".encode())
 
 
-@register_adapter("qwen2_5_omni_talker")
-class OmniTalkerAdapter:
+@register_adapter("qwen2_5_omni_talker", produces_text=False, model_types=("qwen2_5_omni",))
+class OmniTalkerAdapter(StageModelBase):
     def __init__(self, model_dir: str, *, dtype: torch.dtype = torch.float32) -> None:
         register_paged_attention()
         hf_logging.disable_progress_bar()

@@ -23,10 +23,10 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from omni.core.request import MultiModalInput
+from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
-from omni.runtime.stage_model import ModelInputs, ModelOutputs
+from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
 from stages.qwen2_5_omni.encoder_cache import EncoderCache
-from stages.registry import register_adapter
 
 
 @dataclass
@@ -59,7 +59,7 @@ def _find_items(mm_inputs, extras: dict) -> list[_Item]:
     return items
 
 
-class OmniThinkerAdapter:
+class OmniThinkerAdapter(StageModelBase):
     def __init__(
         self,
         model_dir: str,
@@ -242,4 +242,8 @@ class OmniThinkerAdapter:
         return features
 
 
-register_adapter("qwen2_5_omni_thinker")(OmniThinkerAdapter)
+register_adapter(
+    "qwen2_5_omni_thinker",
+    emits=("hidden_states", "inputs_embeds"),
+    model_types=("qwen2_5_omni", "qwen2_5_omni_thinker"),  # a full checkpoint or the thinker alone
+)(OmniThinkerAdapter)

@@ -21,9 +21,10 @@ from transformers import Qwen2_5OmniConfig
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 from transformers.utils import logging as hf_logging
 
-from omni.outputs import StageInput
+from omni.messages import StageInput
+from omni.registry import register_adapter
+from omni.runtime.stage_model import StageModelBase
 from stages.qwen2_5_omni.part_loader import load_part, load_speakers
-from stages.registry import register_adapter
 
 SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN output rate (processors/docs: 24 kHz audio)
 DEFAULT_SPEAKER = "Chelsie"
@@ -31,8 +32,14 @@ DEFAULT_SPEAKER = "Chelsie"
 ODE_DEFAULTS = {"num_steps": 10, "guidance_scale": 0.5, "sway_coefficient": -1.0}
 
 
-@register_adapter("qwen2_5_omni_token2wav")
-class OmniToken2WavAdapter:
+@register_adapter(
+    "qwen2_5_omni_token2wav",
+    kind="generation",
+    produces_text=False,
+    emits=(),  # a waveform (StageResult.audio), no per-token tensors
+    model_types=("qwen2_5_omni",),
+)
+class OmniToken2WavAdapter(StageModelBase):
     sample_rate = SAMPLE_RATE
 
     def __init__(self, model_dir: str, *, dtype: torch.dtype = torch.float32) -> None:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from omni.inputs import PromptInput
-from omni.outputs import StageResult
+from omni.messages import PromptInput
+from omni.messages import StageResult
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """Engine-level input validation and seeded sampling."""
 
+import time
+
 import pytest
 from helpers import make_engine, run_engine
 
 from omni.core.sampling_params import SamplingParams
-from omni.outputs import StageInput
+from omni.messages import StageInput
 
 pytestmark = pytest.mark.slow
 
@@ -103,28 +105,50 @@ def test_per_request_state_is_released_at_once(qwen2_dir):
     engine.run_until_done()
 
 
+def _finished(host, num_results: int, timeout_s: float = 60.0) -> list:
+    from omni.messages import Finished
+
+    results: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(results) < num_results and time.monotonic() < deadline:
+        results += [e.result for e in host.poll(0.5) if isinstance(e, Finished)]
+    assert len(results) == num_results, results
+    return results
+
+
 def test_a_failing_step_fails_its_requests_not_the_stage(qwen2_dir, monkeypatch):
-    from omni.stage_client import add_to_engine, step_engine
+    from omni.host import StageHost
 
     engine = make_engine(qwen2_dir, block_size=4)
-    for i in range(3):
-        engine.add_request(StageInput(f"r{i}", list(range(5, 30)), SamplingParams(max_tokens=4)))
-    engine.step()
     original = engine.runner.execute
+    num_calls = [0]
 
-    def broken(scheduler_output):
-        raise RuntimeError("device fell over")
+    def second_step_breaks(scheduler_output):
+        num_calls[0] += 1
+        if num_calls[0] == 2:
+            raise RuntimeError("device fell over")
+        return original(scheduler_output)
 
-    monkeypatch.setattr(engine.runner, "execute", broken)
-    failed = step_engine(engine)
-    assert sorted(r.request_id for r in failed) == ["r0", "r1", "r2"]
-    assert all("device fell over" in r.error for r in failed)
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks and engine.kv.cached_block_ids() == []
-    monkeypatch.setattr(engine.runner, "execute", original)
-    # An adapter hook tripping over one input (not a ValueError) rejects that request alone.
-    monkeypatch.setattr(engine.model, "check_inputs", lambda s: s.extras["missing"], raising=False)
-    rejected = add_to_engine(engine, StageInput("bad", [5, 6], SamplingParams(max_tokens=1)))
-    assert "KeyError" in rejected.error and "'bad'" in rejected.error
-    monkeypatch.undo()
-    engine.add_request(StageInput("after", [5, 6, 7], SamplingParams(max_tokens=2)))
-    assert [r.request_id for r in engine.run_until_done()] == ["after"]
+    monkeypatch.setattr(engine.runner, "execute", second_step_breaks)
+    host = StageHost(engine.config, {}, engine=engine)
+    try:
+        host.submit(
+            [StageInput(f"r{i}", list(range(5, 30)), SamplingParams(max_tokens=4)) for i in range(3)]
+        )
+        failed = _finished(host, 3)
+        assert sorted(r.request_id for r in failed) == ["r0", "r1", "r2"]
+        assert all("device fell over" in r.error and "stage 'llm'" in r.error for r in failed)
+        assert engine.kv.num_free_blocks == engine.kv.num_blocks
+        assert engine.kv.cached_block_ids() == []
+        # An adapter hook tripping over one input (not a ValueError) rejects that request alone.
+        monkeypatch.setattr(engine.model, "check_inputs", lambda s: s.extras["missing"])
+        host.submit([StageInput("bad", [5, 6], SamplingParams(max_tokens=1))])
+        (rejected,) = _finished(host, 1)
+        assert "KeyError" in rejected.error and "'bad'" in rejected.error
+        monkeypatch.undo()
+        host.submit([StageInput("after", [5, 6, 7], SamplingParams(max_tokens=2))])
+        (after,) = _finished(host, 1)
+        assert after.request_id == "after" and after.error is None and len(after.token_ids) == 2
+        assert host.alive
+    finally:
+        host.shutdown()

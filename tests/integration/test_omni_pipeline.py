@@ -90,7 +90,7 @@ def test_pipeline_equals_transformers(omni_dir, references, caching):
     prompts = {name: prompt for name, (prompt, _, _) in _cases().items()}
     with Omni(model=omni_dir, runtime={"backend": "local"}, **overrides) as omni:
         rounds = [omni.generate(list(prompts.values()), PARAMS, use_tqdm=False) for _ in range(2)]
-        thinker = omni.backend.engines["thinker"].model
+        thinker = omni.backend.hosts["thinker"].engine.model
         assert thinker.encoder_runs == {"image": 1, "audio": 1}  # once per distinct item
     for round_, outputs in enumerate(rounds):
         for name, out in zip(prompts, outputs, strict=True):

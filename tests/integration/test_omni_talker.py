@@ -17,7 +17,7 @@ import torch
 from omni.config import load_config
 from omni.core.sampling_params import SamplingParams
 from omni.engine import StageEngine, create_engine
-from omni.outputs import StageInput
+from omni.messages import StageInput
 from stages.qwen2_5_omni.processors import (
     talker_to_token2wav,
     thinker_to_talker,

@@ -15,7 +15,7 @@ from PIL import Image
 from omni.config import load_config
 from omni.core.sampling_params import SamplingParams
 from omni.engine import StageEngine
-from omni.outputs import StageInput
+from omni.messages import StageInput
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

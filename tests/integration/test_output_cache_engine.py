@@ -7,7 +7,7 @@ from helpers import make_engine, run_engine, shared_prefix_prompts
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from omni.core.sampling_params import SamplingParams
-from omni.outputs import StageInput
+from omni.messages import StageInput
 from omni.runtime.stage_model import ModelOutputs
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,9 @@ import pytest
 from two_stage_support import assert_same, direct_run, prompts, two_stage_config
 
 from omni.core.sampling_params import SamplingParams
-from omni.outputs import StageInput
-from omni.pipeline import Omni
-from stages.registry import register_input_processor
+from omni.messages import StageInput
+from omni.entrypoints.omni import Omni
+from omni.registry import register_input_processor
 from stages.two_stage import hidden_to_embeds
 
 pytestmark = pytest.mark.slow

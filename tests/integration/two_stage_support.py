@@ -3,6 +3,8 @@ result comparison."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 from pathlib import Path
 
@@ -10,9 +12,9 @@ import torch
 
 from omni.config import OmniConfig, load_config
 from omni.engine import StageEngine
-from omni.inputs import PromptInput
-from omni.outputs import StageInput, StageResult
-from stages.registry import get_input_processor
+from omni.messages import PromptInput
+from omni.messages import StageInput, StageResult
+from omni.registry import get_input_processor
 
 REPO = Path(__file__).resolve().parents[2]
 YAML = REPO / "stage_configs" / "tiny_two_stage.yaml"
@@ -50,8 +52,7 @@ def direct_run(config: OmniConfig, prompt_ids: list[list[int]]) -> list[dict[str
     processor = get_input_processor(b_cfg.input_processor)
     for i, ids in enumerate(prompt_ids):
         stage_input = processor({"a": got_a[f"r{i}"]}, PromptInput(f"r{i}", ids))
-        stage_input.sampling_params = b_cfg.sampling
-        engine_b.add_request(stage_input)
+        engine_b.add_request(dataclasses.replace(stage_input, sampling_params=b_cfg.sampling))
     got_b = {r.request_id: r for r in engine_b.run_until_done()}
     return [{"a": got_a[f"r{i}"], "b": got_b[f"r{i}"]} for i in range(len(prompt_ids))]
 

@@ -1,6 +1,6 @@
 import pytest
 
-from stages import registry
+from omni import registry
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from omni.audio import write_wav
-from omni.cli import main
+from omni.entrypoints.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 TWO_STAGE = str(REPO / "stage_configs" / "tiny_two_stage.yaml")
@@ -75,7 +75,7 @@ def test_run_rejects_bad_config_before_loading_models(model, capsys):
 
 def test_console_script_is_torch_free(model):
     code = (
-        "import sys; from omni.cli import main; "
+        "import sys; from omni.entrypoints.cli import main; "
         f"rc = main(['validate', {ONE_STAGE!r}, '--model', {model!r}]); "
         "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
     )

@@ -134,9 +134,9 @@ def test_explicit_placeholders_framed_and_pre_expanded_ids_kept(proc):
 
 
 def test_prompt_processor_registry():
-    from omni.inputs import PromptProcessor
+    from omni.entrypoints.prompt_processor import PromptProcessor
     from stages.qwen2_5_omni.processor import OmniPromptProcessor
-    from stages.registry import get_prompt_processor
+    from omni.registry import get_prompt_processor
 
     assert get_prompt_processor("qwen2_5_omni_thinker") is OmniPromptProcessor
     assert get_prompt_processor("causal_lm") is PromptProcessor

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from omni.inputs import PromptInput
-from omni.outputs import StageInput, StageResult
-from omni.stage_client import RoutedInput
-from omni.transport import (
+from omni.messages import PromptInput
+from omni.messages import StageInput, StageResult
+from omni.messages import RoutedInput
+from omni.backends.transport import (
     WireTensor,
     light_result,
     pack,

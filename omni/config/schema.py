@@ -17,11 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni.config_load import load_raw
-from omni.config_validate import (
+from omni.config.load import load_raw
+from omni.config.validate import (
     STAGE_NAME,
     FieldError,
     build,
+    check_checkpoint,
     check_types,
     config_error,
     one_of,
@@ -31,18 +32,18 @@ from omni.config_validate import (
     stage_path,
     suggest,
 )
-from omni.config_validate import ConfigError as ConfigError  # re-exported: callers catch it
-from omni.config_validate import check_resources as check_resources  # re-exported
+from omni.config.validate import ConfigError as ConfigError  # re-exported: callers catch it
+from omni.config.validate import check_resources as check_resources  # re-exported
 from omni.core.sampling_params import SamplingParams
-from stages.registry import known_adapters, known_input_processors
+from omni.registry import ADAPTER_KINDS, get_adapter_spec, known_adapters, known_input_processors
 
 HASH_ALGOS = ("xxhash", "sha256")
 DTYPES = ("float32", "bfloat16", "float16")
-KINDS = ("ar", "generation")
+KINDS = ADAPTER_KINDS
 BACKENDS = ("ray", "local")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 STAGE_CONFIG_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "stage_configs"
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "stage_configs"
 )
 """Where per-family pipelines live: stage_configs/<model_type>.yaml."""
 
@@ -132,7 +133,7 @@ class StageConfig:
     kind: str = "ar"
     """ar (autoregressive, KV cache) or generation (one-shot, e.g. a vocoder)."""
     adapter: str = "causal_lm"
-    """Registered stage model adapter (stages/registry.py) that loads and runs the model."""
+    """Registered stage model adapter (omni/registry.py) that loads and runs the model."""
     inputs: tuple[str, ...] = ()
     """Upstream stage names; empty for a root stage, which receives the user's prompts."""
     input_processor: str | None = None
@@ -151,6 +152,15 @@ class StageConfig:
         require(bool(self.model), self, "model", "a checkpoint directory")
         require(self.kind in KINDS, self, "kind", one_of(KINDS))
         require(self.adapter in known_adapters(), self, "adapter", one_of(known_adapters()))
+        spec = get_adapter_spec(self.adapter)
+        if self.kind != spec.kind:  # the engine is picked by kind, the model by adapter
+            article = "an ar" if spec.kind == "ar" else f"a {spec.kind}"
+            raise FieldError(
+                type(self).__name__,
+                "kind",
+                f"got {self.kind!r}, but adapter {self.adapter!r} is {article} adapter: "
+                f"set kind: {spec.kind}",
+            )
         inputs = list(self.inputs)
         require(self.name not in inputs, self, "inputs", "other stages than itself", inputs)
         require(len(set(inputs)) == len(inputs), self, "inputs", "without repeats", inputs)
@@ -183,12 +193,15 @@ class RuntimeConfig:
     """Longest wait for any single stage result before the request fails."""
     log_level: str = "INFO"
     """Logging level of the driver and the actors: DEBUG, INFO, WARNING, ERROR or CRITICAL."""
+    max_stage_restarts: int = 1
+    """How often the ray backend replaces a dead stage actor (per stage) before giving up."""
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self.backend in BACKENDS, self, "backend", one_of(BACKENDS))
         require(self.num_cpus is None or self.num_cpus >= 1, self, "num_cpus", ">= 1 or null")
         require(self.request_timeout_s > 0, self, "request_timeout_s", "> 0")
+        require(self.max_stage_restarts >= 0, self, "max_stage_restarts", "an integer >= 0")
         require(self.log_level.upper() in LOG_LEVELS, self, "log_level", one_of(LOG_LEVELS))
         object.__setattr__(self, "log_level", self.log_level.upper())
 
@@ -274,7 +287,9 @@ def load_config(
     overrides: {"stages.thinker.engine.num_blocks": 512}, nested dicts ({"runtime": {...}},
     merged) or CLI strings ["stages.thinker.engine.num_blocks=512"] (values parsed as YAML);
     stages are addressed by name. variables: for ${NAME} in string values (undefined: error).
-    check_models=False skips the checkpoint directory checks (e.g. validating elsewhere).
+    check_models=False skips the checkpoint checks (e.g. validating elsewhere): with them, each
+    stage's config.json must exist and fit its adapter's spec (model_type, architectures), all
+    before any model code is imported.
     """
     raw = load_raw(source, overrides, dict(variables or {}))
     for key in raw:
@@ -290,7 +305,8 @@ def load_config(
     )
     if check_models:
         for stage in config.stages:
-            read_model_config(stage.model, f"stages.{stage.name}.model")
+            model_config = read_model_config(stage.model, f"stages.{stage.name}.model")
+            check_checkpoint(stage, model_config, STAGE_CONFIG_DIR)
     return config
 
 

@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni.outputs import StageInput, StageResult
-from omni.stage_client import RoutedInput
+from omni.messages import RoutedInput, StageInput, StageResult
 
 # numpy has no bfloat16: such tensors travel as their raw 16-bit patterns.
 _RAW_VIEW = {torch.bfloat16: torch.int16}

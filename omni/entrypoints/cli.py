@@ -132,7 +132,7 @@ def summary(config: OmniConfig) -> str:
 
 
 def _run(args: argparse.Namespace, config: OmniConfig) -> int:
-    from omni.pipeline import Omni
+    from omni.entrypoints.omni import Omni
 
     prompt: dict[str, Any] = {"prompt": args.prompt}
     if args.image:

@@ -1,7 +1,8 @@
 """StageEngine: one stage's model with its scheduler, KV cache, output cache and runner.
 
-`step()` is schedule -> execute -> update. The engine holds nothing a thin actor wrapper could
-not carry: requests go in as StageInput, results come out as StageResult.
+`step()` is schedule -> execute -> update. Requests go in as StageInput; a step reports every
+request it advanced (StageUpdate: the new tokens) and every request it finished (StageResult,
+with the per-token output tensors gathered from the output cache).
 """
 
 from __future__ import annotations
@@ -16,25 +17,14 @@ from omni.core.kv_cache_manager import KVCacheManager
 from omni.core.request import Request, RequestStatus
 from omni.core.scheduler import Scheduler, SchedulerConfig
 from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
-from omni.outputs import StageInput, StageResult
+from omni.engine.engine import DTYPES, run_until_done
+from omni.messages import EngineOutput, StageInput, StageResult, StageUpdate
 from omni.runtime.model_runner import ModelRunner
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.stage_model import StageModel
-from stages.registry import get_adapter
+from omni.registry import get_adapter
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def create_engine(config: StageConfig):
-    """The engine for a stage's kind: autoregressive (paged KV, prefix caching) or generation."""
-    if config.kind == "generation":
-        from omni.generation_engine import GenerationEngine
-
-        return GenerationEngine(config)
-    return StageEngine(config)
-
 
 class StageEngine:
     def __init__(self, config: StageConfig, *, model: StageModel | None = None) -> None:
@@ -85,12 +75,10 @@ class StageEngine:
             eos_token_id=self.model.eos_token_id,
         )
         self._validate(request)
-        check_inputs = getattr(self.model, "check_inputs", None)  # optional adapter hook
-        if check_inputs is not None:
-            try:
-                check_inputs(stage_input)
-            except ValueError as e:
-                raise ValueError(f"request {request.request_id!r}: {e}") from e
+        try:
+            self.model.check_inputs(stage_input)  # adapter hook (StageModelBase: accepts all)
+        except ValueError as e:
+            raise ValueError(f"request {request.request_id!r}: {e}") from e
         if stage_input.extras:
             self.runner.add_request_extras(request.request_id, stage_input.extras)
         self.scheduler.add_request(request)
@@ -143,37 +131,46 @@ class StageEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
 
+    @property
+    def num_requests(self) -> int:
+        return len(self.scheduler.requests)
+
     # ---- the loop -----------------------------------------------------------------------------
-    def step(self) -> list[StageResult]:
+    def step(self) -> EngineOutput:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.runner.execute(scheduler_output)
         return self.update(scheduler_output, runner_output)
 
-    def update(
-        self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
-    ) -> list[StageResult]:
+    def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> EngineOutput:
         self.num_steps += 1
         self.output_cache.step = self.num_steps + 1
         for entry in scheduler_output.scheduled:
             if entry.is_new:
                 self._admitted_step[entry.request_id] = self.num_steps
         self._mark_rows_complete(scheduler_output)
+        sampled = [self.scheduler.requests[rid] for rid in runner_output.sampled_token_ids]
+        num_before = {r.request_id: r.num_output_tokens for r in sampled}
         finished = self.scheduler.update_from_output(scheduler_output, runner_output)
+        updates = [
+            StageUpdate(
+                r.request_id,
+                self.name,
+                list(r.output_token_ids[num_before[r.request_id] :]),
+                max(r.num_cached_tokens, 0),
+            )
+            for r in sampled
+            if r.num_output_tokens > num_before[r.request_id]
+        ]
         results = []
         for request in finished:
             results.append(self._result(request, tensors=self._gather(request)))
             self.scheduler.release(request)
         self.runner.release([request.request_id for request in finished])
-        return results
+        return EngineOutput(updates, results)
 
     def run_until_done(self, max_steps: int = 1_000_000) -> list[StageResult]:
-        """Step until every queued request finished (local use and tests)."""
-        results: list[StageResult] = []
-        for _ in range(max_steps):
-            if not self.has_unfinished:
-                return results
-            results.extend(self.step())
-        raise RuntimeError(f"stage {self.name!r}: not done after {max_steps} steps")
+        """Step until every queued request finished (direct use: tests and benchmarks)."""
+        return run_until_done(self, max_steps)
 
     # ---- output rows --------------------------------------------------------------------------
     def _usable_hits(self, hit_block_ids: list[int], pending: set[int]) -> int:

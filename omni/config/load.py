@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from omni.config_validate import ConfigError, config_error, stage_path, suggest
+from omni.config.validate import ConfigError, config_error, stage_path, suggest
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -76,7 +76,9 @@ def _anchor_models(raw: Any, base_dir: str, *, skip_variables: bool = False) -> 
             stage["model"] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(model)))
 
 
-def _parse_overrides(overrides: Mapping[str, object] | Sequence[str] | None) -> list[tuple]:
+def _parse_overrides(
+    overrides: Mapping[str, object] | Sequence[str] | None,
+) -> list[tuple[str, Any]]:
     if isinstance(overrides, Mapping):
         return [(str(k), v) for k, v in overrides.items()]
     pairs = []
@@ -106,20 +108,22 @@ def _merge(raw: dict[str, Any], key: str, value: Any) -> None:
     for depth, part in enumerate(parts):
         if not part:
             raise ConfigError(f"override {key!r}: empty key component")
+        index: str | int = part  # a list (the stages) is indexed by stage name or position
         if isinstance(node, list):
             names = [s.get("name") if isinstance(s, dict) else None for s in node]
             if part in names:
-                part = names.index(part)
+                index = names.index(part)
             elif part.isdigit() and int(part) < len(node):
-                part = int(part)
+                index = int(part)
             else:
+                known = [str(name) for name in names if name is not None]
                 raise ConfigError(
-                    f"override {key!r}: no stage named {part!r}{suggest(part, names)}"
+                    f"override {key!r}: no stage named {part!r}{suggest(part, known)}"
                 )
         elif not isinstance(node, dict):
             raise ConfigError(f"override {key!r}: {'.'.join(parts[:depth])} is not a mapping")
         elif depth < len(parts) - 1 and node.get(part) is None:
             node[part] = {}
         if depth == len(parts) - 1:
-            node[part] = value
-        node = node[part]
+            node[index] = value
+        node = node[index]

@@ -2,12 +2,13 @@
 
 Such a stage has no KV cache, scheduler or sampler: each request is one call of its adapter's
 `generate(stage_input, seed) -> waveform`. `step()` runs up to `engine.max_num_seqs` pending
-requests in arrival order and returns their results, so actors and the local backend drive it
-exactly like an AR stage (add_request / step / abort / has_unfinished / stats).
+requests in arrival order and returns their results, so a stage host drives it exactly like an
+AR stage (the `Engine` contract in omni/engine/engine.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -15,9 +16,9 @@ from collections import OrderedDict
 import torch
 
 from omni.config import StageConfig
-from omni.engine import StageEngine
-from omni.outputs import StageInput, StageResult
-from stages.registry import get_adapter
+from omni.engine.engine import run_until_done
+from omni.messages import EngineOutput, StageInput, StageResult
+from omni.registry import get_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +38,10 @@ class GenerationEngine:
         rid = stage_input.request_id
         if rid in self._pending:
             raise ValueError(f"request_id {rid!r} is already in stage {self.name!r}")
-        check_inputs = getattr(self.model, "check_inputs", None)
-        if check_inputs is not None:
-            try:
-                check_inputs(stage_input)
-            except ValueError as e:
-                raise ValueError(f"request {rid!r}: {e}") from e
+        try:
+            self.model.check_inputs(stage_input)  # adapter hook (StageModelBase: accepts all)
+        except ValueError as e:
+            raise ValueError(f"request {rid!r}: {e}") from e
         self._pending[rid] = (stage_input, time.perf_counter())
 
     def abort(self, request_ids: list[str]) -> list[StageResult]:
@@ -61,38 +60,40 @@ class GenerationEngine:
     def has_unfinished(self) -> bool:
         return bool(self._pending)
 
-    def step(self) -> list[StageResult]:
+    @property
+    def num_requests(self) -> int:
+        return len(self._pending)
+
+    def step(self) -> EngineOutput:
         batch = [self._pending.popitem(last=False)[1] for _ in range(self._batch_size())]
         if not batch:
-            return []
+            return EngineOutput()
         self.num_steps += 1
         start = time.perf_counter()
         results = []
+        failed: dict[str, Exception] = {}
         for stage_input, arrival in batch:
             seed = stage_input.sampling_params.seed
             try:
                 audio = self.model.generate(
                     stage_input, self.config.engine.seed if seed is None else seed
                 )
-            except Exception as e:  # one broken request fails alone, never the stage
-                logger.exception("stage %r: request %r failed", self.name, stage_input.request_id)
-                result = self._result(stage_input, "error", arrival)
-                result.error = f"stage {self.name!r} failed on request {stage_input.request_id!r}: {type(e).__name__}: {e}"
-                results.append(result)
+            except Exception as e:  # one broken request fails alone; its host reports it
+                failed[stage_input.request_id] = e
                 continue
             result = self._result(stage_input, "stopped", arrival)
-            result.audio = audio
-            result.sample_rate = getattr(self.model, "sample_rate", None)
-            results.append(result)
+            sample_rate = getattr(self.model, "sample_rate", None)
+            results.append(dataclasses.replace(result, audio=audio, sample_rate=sample_rate))
         self.busy_s += time.perf_counter() - start
         self.num_finished += len(results)
-        return results
+        return EngineOutput(finished=results, failed=failed)
 
     def _batch_size(self) -> int:
         return min(len(self._pending), self.config.engine.max_num_seqs)
 
-    # The same loop as the AR engine's: step until every queued request finished.
-    run_until_done = StageEngine.run_until_done
+    def run_until_done(self, max_steps: int = 1_000_000) -> list[StageResult]:
+        """Step until every queued request finished (direct use: tests and benchmarks)."""
+        return run_until_done(self, max_steps)
 
     def _result(self, stage_input: StageInput, reason: str, arrival: float) -> StageResult:
         return StageResult(

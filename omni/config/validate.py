@@ -1,6 +1,6 @@
-"""The machinery behind omni/config.py: typed field checks, dict -> dataclass building with the
-full key path in every error, the stage graph and resource checks (raw loading is in
-omni/config_load.py). Torch-free: `omni validate` runs it without any model code.
+"""The machinery behind omni/config/schema.py: typed field checks, dict -> dataclass building
+with the full key path in every error, the stage graph, checkpoint-vs-adapter and resource checks
+(raw loading is in omni/config/load.py). Torch-free: `omni validate` runs it without any model code.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from omni.registry import get_adapter_spec, known_adapters
 
 STAGE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # no dots: names are override path parts
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -142,7 +144,11 @@ def build(cls: type, data: Any, path: str) -> Any:
                 raise config_error(f"{path}.{name}", "required key is missing")
             continue
         value, hint = data[name], _hints(cls)[name]
-        if dataclasses.is_dataclass(hint) and (value is None or isinstance(value, Mapping)):
+        if (
+            isinstance(hint, type)
+            and dataclasses.is_dataclass(hint)
+            and (value is None or isinstance(value, Mapping))
+        ):
             value = build(hint, value, f"{path}.{name}")
         kwargs[name] = value
     try:
@@ -182,6 +188,40 @@ def read_model_config(model_dir: str, path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise config_error(path, f"{config_json!r} is not a JSON object")
     return data
+
+
+def check_checkpoint(stage: Any, model_config: Mapping[str, Any], config_dir: str) -> None:
+    """ConfigError unless `stage`'s adapter accepts the checkpoint whose config.json is
+    `model_config` (AdapterSpec.model_types, requires_causal_lm). The hint names a family config
+    in `config_dir` (stage_configs/<model_type>.yaml) and adapters of the same kind that fit."""
+    spec = get_adapter_spec(stage.adapter)
+    reason = spec.checkpoint_mismatch(model_config)
+    if reason is None:
+        return
+    model_type = model_config.get("model_type")
+    about = f"model_type {model_type!r}"
+    architectures = model_config.get("architectures")
+    if architectures:
+        about += f", architectures {architectures!r}"
+    hints = []
+    if isinstance(model_type, str) and STAGE_NAME.match(model_type):
+        family = os.path.join(config_dir, f"{model_type}.yaml")
+        if os.path.isfile(family):
+            hints.append(f"stage_configs/{model_type}.yaml")
+    # Adapters of the same kind that fit; best: made for this model_type, same tokens (text or not).
+    rank = {
+        s.name: (model_type not in s.model_types, s.produces_text != spec.produces_text)
+        for s in map(get_adapter_spec, known_adapters())
+        if s.kind == spec.kind and s.checkpoint_mismatch(model_config) is None
+    }
+    if rank:
+        best = min(rank.values())
+        hints.append("adapter " + " or ".join(n for n, r in rank.items() if r == best))
+    hint = f"; use {' or '.join(hints)}" if hints else ""
+    raise config_error(
+        f"stages.{stage.name}.adapter",
+        f"adapter {stage.adapter!r} cannot load {stage.model!r} ({about}): {reason}{hint}",
+    )
 
 
 # ---- the stage graph and resources ------------------------------------------------------------

@@ -3,24 +3,11 @@
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
 from typing import Any
 
+from omni.messages import PromptInput
+
 _PROMPT_KEYS = ("prompt", "prompt_token_ids", "images", "audio", "cache_salt")
-
-
-@dataclass
-class PromptInput:
-    """One user request after tokenization (and, for multimodal stages, preprocessing)."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    text: str | None = None
-    cache_salt: str | None = None
-    mm_inputs: tuple = ()
-    extras: dict[str, Any] = field(default_factory=dict)
-    """Root-stage adapter inputs (pixel values, audio features, ...)."""
-    original: Any = None
 
 
 def _checked_token_ids(request_id: str, token_ids: Any) -> list[int]:

@@ -1,0 +1,26 @@
+"""Stage configs: the schema (frozen dataclasses), raw loading and validation. Torch-free."""
+
+from omni.config.schema import (
+    STAGE_CONFIG_DIR,
+    EngineConfig,
+    OmniConfig,
+    ResourcesConfig,
+    RuntimeConfig,
+    StageConfig,
+    config_for_model,
+    load_config,
+)
+from omni.config.validate import ConfigError, check_resources
+
+__all__ = [
+    "STAGE_CONFIG_DIR",
+    "ConfigError",
+    "EngineConfig",
+    "OmniConfig",
+    "ResourcesConfig",
+    "RuntimeConfig",
+    "StageConfig",
+    "check_resources",
+    "config_for_model",
+    "load_config",
+]

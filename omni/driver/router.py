@@ -1,0 +1,268 @@
+"""The Router: every live request's progress across the stage graph, the same for every backend.
+
+Root stages get a request's StageInput when it is added. Whenever a stage finishes a request, each
+consumer stage whose inputs have all finished gets a RoutedInput (payloads of the upstream results
+and the prompt); its edge's input processor runs where that stage runs. A request is complete when
+the final stage finishes it, or failed as soon as any stage reports an error for it (or dies, or
+makes no progress for runtime.request_timeout_s): its other stages are told to abort it and the
+other requests go on.
+
+After every batch of events each advanced request's sink gets one OmniOutput snapshot: per stage,
+the tokens so far (partial results) or the finished result with its tensors. The last snapshot has
+finished=True. Not thread-safe: the driver calls it under its lock.
+
+Events for requests the router does not track (aborted, failed) are ignored, so a stale result can
+never be routed twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni.backends.backend import StageBackend
+from omni.config import OmniConfig
+from omni.core.sampling_params import SamplingParams
+from omni.messages import (
+    Finished,
+    OmniOutput,
+    PromptInput,
+    RoutedInput,
+    StageDied,
+    StageEvent,
+    StageInput,
+    StageResult,
+    StageUpdate,
+)
+
+logger = logging.getLogger(__name__)
+
+Sink = Callable[[OmniOutput], None]
+Decode = Callable[[str, list[int]], str | None]
+ROUTED_EXTRA_MAX_BYTES = 64 << 10
+
+
+@dataclass
+class _Tracked:
+    """A live request: where it is, what it has produced so far, and who listens."""
+
+    prompt: PromptInput
+    params: dict[str, SamplingParams]
+    sink: Sink
+    inflight: set[str] = field(default_factory=set)
+    payloads: dict[str, Any] = field(default_factory=dict)  # finished stage -> payload
+    results: dict[str, StageResult] = field(default_factory=dict)  # finished, full
+    tokens: dict[str, list[int]] = field(default_factory=dict)  # running stage -> tokens so far
+    num_cached: dict[str, int] = field(default_factory=dict)
+    texts: dict[str, tuple[int, str | None]] = field(default_factory=dict)  # decode memo
+    last_progress: float = field(default_factory=time.monotonic)
+
+
+class Router:
+    def __init__(self, config: OmniConfig, backend: StageBackend, decode: Decode) -> None:
+        self.config = config
+        self.backend = backend
+        self.decode = decode
+        self.final = config.final_stage.name
+        self.order = config.topological_order()
+        self.requests: dict[str, _Tracked] = {}
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add(self, prompt: PromptInput, params: dict[str, SamplingParams], sink: Sink) -> None:
+        """Start a request in every root stage; a ValueError if its id is live or a stage is down."""
+        request_id = prompt.request_id
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already running")
+        dead = self.backend.dead_stages()
+        if dead:
+            raise RuntimeError("; ".join(dead.values()))
+        tracked = _Tracked(prompt, params, sink)
+        self.requests[request_id] = tracked
+        for root in self.config.root_stages:
+            stage_input = StageInput(
+                request_id,
+                list(prompt.prompt_token_ids),
+                params[root.name],
+                tuple(prompt.mm_inputs),
+                prompt.cache_salt,
+                dict(prompt.extras),
+            )
+            tracked.inflight.add(root.name)
+            self.backend.submit(root.name, [stage_input])
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request everywhere; its sink hears nothing more. False if it is not live."""
+        tracked = self.requests.pop(request_id, None)
+        if tracked is None:
+            return False
+        for stage in tracked.inflight:
+            self.backend.abort(stage, [request_id])
+        return True
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests)
+
+    # ---- events -------------------------------------------------------------------------------
+    def handle(self, events: list[StageEvent]) -> None:
+        """Route a batch of events (one submit per consumer), then send each advanced request
+        one snapshot."""
+        advanced: set[str] = set()
+        routed: dict[str, list[RoutedInput]] = {}
+        for event in events:
+            if isinstance(event, StageDied):
+                self._stage_died(event)
+            elif isinstance(event, StageUpdate):
+                if self._on_update(event):
+                    advanced.add(event.request_id)
+            elif self._on_finished(event, routed):
+                advanced.add(event.result.request_id)
+        for stage, items in routed.items():
+            self.backend.submit(stage, items)
+        for request_id in advanced:
+            if request_id in self.requests:
+                self._send(request_id, self._snapshot(request_id))
+
+    def expire(self, timeout_s: float) -> None:
+        """Fail requests that made no progress for timeout_s: nothing waits forever."""
+        now = time.monotonic()
+        for request_id, tracked in list(self.requests.items()):
+            if now - tracked.last_progress > timeout_s:
+                where = sorted(tracked.inflight)
+                self.fail(
+                    request_id,
+                    where[0] if where else self.final,
+                    f"request {request_id!r}: no progress in stage(s) {where} for {timeout_s:g} s "
+                    "(runtime.request_timeout_s)",
+                )
+
+    def fail(self, request_id: str, stage: str, error: str) -> None:
+        """End a request with an error result in `stage`, aborting it everywhere else."""
+        tracked = self.requests.get(request_id)
+        if tracked is None:
+            return
+        result = StageResult(request_id, stage, [], [], finish_reason="error", error=error)
+        tracked.inflight.discard(stage)
+        tracked.results[stage] = result
+        self._complete(request_id, result)
+
+    def fail_all(self, error: str) -> None:
+        for request_id in list(self.requests):
+            self.fail(request_id, self.final, error)
+
+    def _on_update(self, update: StageUpdate) -> bool:
+        tracked = self.requests.get(update.request_id)
+        if tracked is None or update.stage not in tracked.inflight:
+            return False  # stale
+        tracked.tokens.setdefault(update.stage, []).extend(update.new_token_ids)
+        tracked.num_cached[update.stage] = update.num_cached_tokens
+        tracked.last_progress = time.monotonic()
+        return True
+
+    def _on_finished(self, item: Finished, routed: dict[str, list[RoutedInput]]) -> bool:
+        request_id, stage = item.result.request_id, item.result.stage
+        tracked = self.requests.get(request_id)
+        if tracked is None or stage not in tracked.inflight:
+            return False  # stale: aborted, failed, or from a replaced actor
+        tracked.inflight.discard(stage)
+        tracked.tokens.pop(stage, None)
+        tracked.last_progress = time.monotonic()
+        tracked.payloads[stage] = item.payload
+        (full,) = self.backend.fetch([item.payload])
+        tracked.results[stage] = self._with_text(full)
+        if item.result.error is not None:
+            self._complete(request_id, tracked.results[stage])
+            return False
+        if stage == self.final:
+            self._complete(request_id, None)
+            return False
+        for consumer in self.config.consumers(stage):
+            if all(name in tracked.payloads for name in consumer.inputs):
+                upstream = {name: tracked.payloads[name] for name in consumer.inputs}
+                routed_input = RoutedInput(
+                    request_id, upstream, _slim(tracked.prompt), tracked.params[consumer.name]
+                )
+                routed.setdefault(consumer.name, []).append(routed_input)
+                tracked.inflight.add(consumer.name)
+        return True
+
+    def _stage_died(self, event: StageDied) -> None:
+        for request_id, tracked in list(self.requests.items()):
+            if event.stage in tracked.inflight:
+                self.fail(request_id, event.stage, f"request {request_id!r}: {event.error}")
+
+    # ---- outputs ------------------------------------------------------------------------------
+    def _complete(self, request_id: str, error: StageResult | None) -> None:
+        tracked = self.requests.pop(request_id)
+        for stage in tracked.inflight:
+            self.backend.abort(stage, [request_id])  # a sibling branch of a failed request
+        stages = {name: tracked.results[name] for name in self.order if name in tracked.results}
+        final = error if error is not None else stages[self.final]
+        output = OmniOutput(
+            request_id=request_id,
+            stages=stages,
+            final=final,
+            prompt=tracked.prompt.original,
+            error=error.error if error is not None else None,
+            finished=True,
+        )
+        self._send(request_id, output, tracked)
+
+    def _snapshot(self, request_id: str) -> OmniOutput:
+        tracked = self.requests[request_id]
+        stages: dict[str, StageResult] = {}
+        for name in self.order:
+            if name in tracked.results:
+                stages[name] = tracked.results[name]
+            elif name in tracked.tokens:
+                stages[name] = self._partial(tracked, name)
+        final = stages[next(name for name in reversed(self.order) if name in stages)]
+        return OmniOutput(
+            request_id, stages, final, prompt=tracked.prompt.original, finished=False
+        )
+
+    def _partial(self, tracked: _Tracked, stage: str) -> StageResult:
+        tokens = tracked.tokens[stage]
+        num_decoded, text = tracked.texts.get(stage, (-1, None))
+        if num_decoded != len(tokens):
+            text = self.decode(stage, tokens)
+            tracked.texts[stage] = (len(tokens), text)
+        return StageResult(
+            tracked.prompt.request_id,
+            stage,
+            [],
+            list(tokens),
+            finish_reason=None,
+            num_cached_tokens=tracked.num_cached.get(stage, 0),
+            text=text,
+        )
+
+    def _with_text(self, result: StageResult) -> StageResult:
+        if result.token_ids and result.text is None and result.error is None:
+            return dataclasses.replace(result, text=self.decode(result.stage, result.token_ids))
+        return result
+
+    def _send(self, request_id: str, output: OmniOutput, tracked: _Tracked | None = None) -> None:
+        sink = (tracked or self.requests[request_id]).sink
+        try:
+            sink(output)
+        except Exception:  # a listener that is gone (closed event loop): stop the request
+            logger.exception("request %r: its listener failed; aborting it", request_id)
+            self.abort(request_id)
+
+
+def _slim(prompt: PromptInput) -> PromptInput:
+    """The request as edges see it: without the user's raw prompt (e.g. PIL images) and the root
+    stage's large encoder inputs, which downstream stages never read."""
+    small = {k: v for k, v in prompt.extras.items() if _nbytes(v) <= ROUTED_EXTRA_MAX_BYTES}
+    return dataclasses.replace(prompt, original=None, extras=small)
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return int(getattr(value, "nbytes", 0))

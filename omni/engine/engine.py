@@ -1,0 +1,48 @@
+"""The contract every stage engine meets, so that a stage host drives any kind the same way."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from omni.messages import EngineOutput, StageInput, StageResult
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Engine(Protocol):
+    """One stage's engine. Not thread-safe: its host calls it from one thread at a time."""
+
+    name: str
+
+    def add_request(self, stage_input: StageInput) -> None:
+        """Validate and queue; a ValueError leaves the engine and other requests untouched."""
+
+    def step(self) -> EngineOutput:
+        """Advance every scheduled request by one step."""
+
+    def abort(self, request_ids: list[str]) -> list[StageResult]:
+        """Drop requests (queued or running) and free what they hold."""
+
+    def fail_all(self) -> list[StageResult]:
+        """After a step raised: drop every request and whatever cache state it may have spoiled."""
+
+    @property
+    def has_unfinished(self) -> bool: ...
+
+    @property
+    def num_requests(self) -> int:
+        """Requests queued or running."""
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+def run_until_done(engine: Engine, max_steps: int = 1_000_000) -> list[StageResult]:
+    """Step until every queued request finished (direct engine use: tests and benchmarks)."""
+    results: list[StageResult] = []
+    for _ in range(max_steps):
+        if not engine.has_unfinished:
+            return results
+        results.extend(engine.step().finished)
+    raise RuntimeError(f"stage {engine.name!r}: not done after {max_steps} steps")

@@ -1,0 +1,1 @@
+"""What users call: Omni (synchronous), AsyncOmni (asyncio), the `omni` CLI."""

@@ -1,0 +1,201 @@
+"""AsyncOmni: the engine every entry point uses. One always-on pipeline, any number of callers.
+
+    async with AsyncOmni(model="path/to/Qwen2.5-Omni") as engine:
+        async for out in engine.generate("Hello", SamplingParams(max_tokens=32)):
+            print(out.final.text)  # grows after every engine step; out.finished on the last
+
+`generate` validates and tokenizes the prompt on the caller's thread, hands it to the pipeline's
+driver (omni/driver/), and yields the snapshots the driver sends for this request. Requests of
+all callers are batched continuously in every stage. Leaving the `async for` early, or cancelling
+the task, aborts the request in every stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from omni.config import OmniConfig, config_for_model, load_config
+from omni.core.sampling_params import SamplingParams
+from omni.driver import PipelineDriver
+from omni.entrypoints.prompt_processor import PromptProcessor
+from omni.messages import OmniOutput, PromptInput
+from omni.registry import get_prompt_processor, produces_text
+
+StageParams = SamplingParams | Sequence[SamplingParams] | None
+
+
+class AsyncOmni:
+    def __init__(
+        self,
+        config: str | os.PathLike[str] | dict[str, Any] | OmniConfig | None = None,
+        *,
+        model: str | None = None,
+        variables: dict[str, str] | None = None,
+        **overrides: Any,
+    ) -> None:
+        """config: a stage-config YAML path, an equivalent dict or an OmniConfig; model: a
+        checkpoint directory (picks stage_configs/<model_type>.yaml without a config, and is
+        ${MODEL} in one); variables: more ${NAME} values; overrides: dotted keys or nested
+        dicts, e.g. runtime={"backend": "local"} or **{"stages.llm.engine.num_blocks": 64}."""
+        self.config = resolve_config(config, model, variables, overrides)
+        root = self.config.root_stages[0]
+        self.prompt_processor: PromptProcessor = get_prompt_processor(root.adapter)(root.model)
+        # Tokenizers are not safe to use from two threads at once (callers encode, the driver
+        # decodes every step).
+        self._tokenizer_lock = threading.Lock()
+        self._tokenizers: dict[str, Any] = {root.name: self.prompt_processor.tokenizer}
+        self._ids = itertools.count(1)
+        self.driver: PipelineDriver | None = None
+        self.driver = PipelineDriver(self.config, self._decode)
+
+    # ---- requests -----------------------------------------------------------------------------
+    async def generate(
+        self, prompt: Any, sampling_params: StageParams = None, *, request_id: str | None = None
+    ) -> AsyncIterator[OmniOutput]:
+        """Snapshots of one request as it advances; the last has `finished=True` and equals
+        what `Omni.generate` returns. Bad input raises ValueError before any work starts."""
+        request = self.prepare(prompt, request_id)
+        async for output in self.run(request, self.stage_params(sampling_params)):
+            yield output
+
+    async def run(
+        self, request: PromptInput, params: dict[str, SamplingParams]
+    ) -> AsyncIterator[OmniOutput]:
+        """`generate` for a prepared request (see `prepare` and `stage_params`)."""
+        stream = _RequestStream(asyncio.get_running_loop())
+        self._driver().add(request, params, stream.push)
+        try:
+            while True:
+                output = await stream.get()
+                yield output
+                if output.finished:
+                    return
+        finally:
+            if not stream.finished and self.driver is not None:
+                self.driver.abort(request.request_id)
+
+    async def abort(self, request_id: str) -> bool:
+        """Stop a request in every stage and free its blocks; False if it is not running.
+        Its `generate` ends without a finished snapshot."""
+        return self._driver().abort(request_id)
+
+    def prepare(self, prompt: Any, request_id: str | None = None) -> PromptInput:
+        """Validate and tokenize one prompt (ValueError naming the field and the value)."""
+        if request_id is None:
+            request_id = f"req-{next(self._ids)}"
+        elif not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        with self._tokenizer_lock:
+            return self.prompt_processor(request_id, prompt)
+
+    def stage_params(self, params: StageParams) -> dict[str, SamplingParams]:
+        """Per-stage SamplingParams: the stages' defaults, one for all, or one per stage."""
+        stages = self.config.stages
+        if params is None:
+            return {s.name: s.sampling for s in stages}
+        if isinstance(params, SamplingParams):
+            return {s.name: params for s in stages}
+        params = list(params) if isinstance(params, list | tuple) else [params]
+        if len(params) != len(stages) or not all(isinstance(p, SamplingParams) for p in params):
+            raise ValueError(
+                f"sampling_params must be one SamplingParams or a list of {len(stages)} "
+                f"(one per stage: {[s.name for s in stages]}), got {params!r}"
+            )
+        return {s.name: p for s, p in zip(stages, params, strict=True)}
+
+    # ---- the pipeline -------------------------------------------------------------------------
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per-stage engine statistics (steps, prefix-cache queries and hits, output cache)."""
+        return self._driver().stats()
+
+    async def check_health(self) -> None:
+        """Returns if every stage answers; raises RuntimeError naming a dead stage otherwise."""
+        await asyncio.to_thread(self._driver().check_health)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests running now."""
+        return self._driver().num_requests
+
+    def shutdown(self) -> None:
+        """Stop every stage (and a Ray instance this engine started). Safe to call twice."""
+        driver, self.driver = self.driver, None
+        if driver is not None:
+            driver.shutdown()
+
+    async def __aenter__(self) -> AsyncOmni:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.shutdown)
+
+    def _driver(self) -> PipelineDriver:
+        if self.driver is None:
+            raise RuntimeError("this engine has been shut down")
+        return self.driver
+
+    def _decode(self, stage: str, token_ids: list[int]) -> str | None:
+        """Text in the stage's own vocabulary; None for stages whose tokens are not text."""
+        if not produces_text(self.config.stage(stage).adapter):
+            return None
+        with self._tokenizer_lock:
+            if stage not in self._tokenizers:
+                from transformers import AutoTokenizer
+
+                try:
+                    tokenizer = AutoTokenizer.from_pretrained(self.config.stage(stage).model)
+                except (OSError, ValueError, KeyError):
+                    tokenizer = None  # e.g. a vocoder or codec stage
+                self._tokenizers[stage] = tokenizer
+            tokenizer = self._tokenizers[stage]
+            return tokenizer.decode(token_ids, skip_special_tokens=True) if tokenizer else None
+
+
+class _RequestStream:
+    """The driver -> caller channel of one request. Snapshots are cumulative, so a caller that
+    falls behind gets only the newest one: nothing queues up, nothing is lost."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._latest: OmniOutput | None = None
+        self._ready = asyncio.Event()
+        self.finished = False
+
+    def push(self, output: OmniOutput) -> None:
+        """Called on the driver thread."""
+        self._loop.call_soon_threadsafe(self._put, output)
+
+    def _put(self, output: OmniOutput) -> None:
+        if self._latest is None or not self._latest.finished:
+            self._latest = output
+        self._ready.set()
+
+    async def get(self) -> OmniOutput:
+        await self._ready.wait()
+        self._ready.clear()
+        output, self._latest = self._latest, None
+        assert output is not None
+        self.finished = output.finished
+        return output
+
+
+def resolve_config(
+    config: Any, model: str | None, variables: dict[str, str] | None, overrides: dict[str, Any]
+) -> OmniConfig:
+    if isinstance(config, OmniConfig):
+        if overrides:
+            return load_config(config.to_dict(), overrides)
+        return config
+    if config is None:
+        if model is None:
+            raise ValueError(
+                "Omni needs a config (YAML path or dict) or model=<checkpoint directory>"
+            )
+        return config_for_model(model, overrides or None)
+    variables = {**({"MODEL": model} if model else {}), **(variables or {})}
+    return load_config(config, overrides or None, variables or None)

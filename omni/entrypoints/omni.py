@@ -1,0 +1,190 @@
+"""Omni: the synchronous API, a thin wrapper over AsyncOmni running on a background event loop.
+
+    with Omni(model="path/to/checkpoint") as llm:
+        outputs = llm.generate(["Hello", "The capital of France is"], SamplingParams(max_tokens=16))
+
+Any number of threads may call `generate`/`stream` on one instance at once: every call's requests
+join the same always-on pipeline and are batched with everyone else's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+from omni.config import OmniConfig
+from omni.core.sampling_params import SamplingParams
+from omni.entrypoints.async_omni import AsyncOmni, StageParams
+from omni.messages import OmniOutput, PromptInput, StageResult
+
+T = TypeVar("T")
+WAIT_S = 0.5  # longest single wait on the loop; a wait never outlives a dead loop thread
+
+
+class Omni:
+    def __init__(
+        self,
+        config: str | os.PathLike[str] | dict[str, Any] | OmniConfig | None = None,
+        *,
+        model: str | None = None,
+        variables: dict[str, str] | None = None,
+        **overrides: Any,
+    ) -> None:
+        """The same arguments as AsyncOmni (config, model, variables, overrides)."""
+        self.engine = AsyncOmni(config, model=model, variables=variables, **overrides)
+        self.config = self.engine.config
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="omni-event-loop", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def prompt_processor(self) -> Any:
+        return self.engine.prompt_processor
+
+    @property
+    def order(self) -> list[str]:
+        """Stage names, every stage after its inputs."""
+        return self.config.topological_order()
+
+    @property
+    def backend(self) -> Any:
+        """The running StageBackend (its hosts or actors: for inspection and tests)."""
+        return self.engine._driver().backend
+
+    # ---- public API ---------------------------------------------------------------------------
+    def generate(
+        self, prompts: Any, sampling_params: StageParams = None, *, use_tqdm: bool = True
+    ) -> list[OmniOutput]:
+        """One OmniOutput per prompt, in prompt order. Every prompt is checked before any runs.
+        A request that fails in some stage comes back with .error set (naming the request and
+        the stage); the others are unaffected."""
+        requests, params = self._prepare(prompts, sampling_params)
+        progress = _progress(len(requests), use_tqdm)
+
+        async def one(request: PromptInput) -> OmniOutput:
+            output = None
+            async for output in self.engine.run(request, params):
+                pass
+            assert output is not None and output.finished
+            progress.update(1)
+            return output
+
+        async def every() -> list[OmniOutput]:
+            return list(await asyncio.gather(*(one(r) for r in requests)))
+
+        try:
+            return self._call(every())
+        finally:
+            progress.close()
+
+    def stream(self, prompts: Any, sampling_params: StageParams = None) -> Iterator[StageResult]:
+        """Every stage's result of every request, as soon as that stage finishes it (the final
+        stage's result last for each request). Leaving the loop early aborts what is left."""
+        requests, params = self._prepare(prompts, sampling_params)
+        results: queue.Queue[StageResult | None] = queue.Queue()
+
+        async def one(request: PromptInput) -> None:
+            seen: set[str] = set()
+            async for output in self.engine.run(request, params):
+                for name, result in output.stages.items():
+                    if result.finished and name not in seen:
+                        seen.add(name)
+                        results.put(result)
+
+        async def every() -> None:
+            try:
+                await asyncio.gather(*(one(r) for r in requests))
+            finally:
+                results.put(None)
+
+        future = asyncio.run_coroutine_threadsafe(every(), self._loop)
+        try:
+            while True:
+                item = self._get(results, future)
+                if item is None:
+                    future.result(timeout=WAIT_S)  # re-raises what ended the requests
+                    return
+                yield item
+        finally:
+            future.cancel()  # an abandoned stream: the requests' generators abort them
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per-stage engine statistics (steps, prefix-cache queries and hits, output cache)."""
+        return self.engine.stats()
+
+    def check_health(self) -> None:
+        """Returns if every stage answers; raises RuntimeError naming a dead stage otherwise."""
+        self._call(self.engine.check_health())
+
+    def shutdown(self) -> None:
+        """Stop every stage (and a Ray instance this Omni started). Safe to call twice."""
+        self.engine.shutdown()
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> Omni:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _prepare(
+        self, prompts: Any, sampling_params: StageParams
+    ) -> tuple[list[PromptInput], dict[str, SamplingParams]]:
+        if self.engine.driver is None:
+            raise RuntimeError("this Omni has been shut down")
+        if isinstance(prompts, str | dict) or (
+            isinstance(prompts, list | tuple) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        if not isinstance(prompts, list | tuple) or not prompts:
+            raise ValueError(
+                f"prompts must be a prompt or a non-empty list of prompts, got {prompts!r}"
+            )
+        params = self.engine.stage_params(sampling_params)
+        return [self.engine.prepare(prompt) for prompt in prompts], params
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the loop thread and wait for it (Ctrl-C cancels it)."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            while True:
+                try:
+                    return future.result(timeout=WAIT_S)
+                except TimeoutError:
+                    if not self._thread.is_alive():
+                        raise RuntimeError("omni's event loop thread is gone") from None
+        finally:
+            future.cancel()
+
+    def _get(self, results: queue.Queue[StageResult | None], future: Any) -> StageResult | None:
+        while True:
+            try:
+                return results.get(timeout=WAIT_S)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError("omni's event loop thread is gone") from None
+
+
+class _NoProgress:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoProgress()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="omni.generate", unit="req", dynamic_ncols=True)

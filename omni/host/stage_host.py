@@ -1,0 +1,252 @@
+"""StageHost: one stage's engine behind a thread-safe inbox and outbox, stepped by its own thread.
+
+The host owns everything a stage does besides moving messages: running the edge's input
+processor, queueing requests in the engine, stepping it continuously while it has work, packing
+results, and turning every exception into an error result (this is the only place that does).
+Backends only move messages: the local backend calls a host directly, the Ray backend wraps the
+same host in a thin actor (omni/backends/ray_actor.py) and supplies `pack`/`resolve` so that
+tensors travel through the object store.
+
+Invariants:
+- Only the loop thread touches the engine's requests and steps it; callers hand work over
+  through `_inbox`/`_aborts` and read events from `_outbox`, all guarded by `_cond`. `stats`
+  takes `_engine_lock`, which the loop holds for a whole step.
+- Calls are not ordered with respect to each other (Ray's call threads), so a submit can land
+  after the abort of the same request: recently aborted ids are remembered and such a submit
+  is dropped instead of run for nobody.
+- A request leaves the host exactly once as a `Finished` (result or error), unless aborted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from omni.config import StageConfig
+from omni.engine import Engine, create_engine
+from omni.messages import (
+    EngineOutput,
+    Finished,
+    PromptInput,
+    RoutedInput,
+    StageEvent,
+    StageInput,
+    StageResult,
+)
+
+logger = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.5  # the loop re-checks for shutdown at least this often when idle
+ABORTED_IDS_KEPT = 10_000  # how many recent aborts a late submit is checked against
+
+Processor = Callable[[dict[str, StageResult], PromptInput], StageInput]
+"""An edge's input processor: upstream stage results + the original prompt -> this stage's input."""
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _same_list(values: list[Any]) -> list[Any]:
+    return list(values)
+
+
+def _why(e: BaseException) -> str:
+    """A ValueError's message is written for the user; anything else also names its type."""
+    return str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+
+
+class StageHost:
+    def __init__(
+        self,
+        config: StageConfig,
+        processors: Mapping[str, Processor],
+        *,
+        pack: Callable[[StageResult], Any] = _same,
+        resolve: Callable[[list[Any]], list[StageResult]] = _same_list,
+        on_event: Callable[[], None] | None = None,
+        engine: Engine | None = None,
+    ) -> None:
+        """pack: a finished result -> the payload routed to consumers (in-process: the result);
+        resolve: upstream payloads -> their results; on_event: called (from the loop thread)
+        whenever events are ready, so a backend can wait on many hosts at once."""
+        self.name = config.name
+        self.config = config
+        self.processors = processors
+        self._pack = pack
+        self._resolve = resolve
+        self._on_event = on_event
+        self.engine = engine or create_engine(config)
+        self._engine_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._inbox: list[StageInput] = []
+        self._aborts: list[str] = []
+        self._aborted_ids: OrderedDict[str, None] = OrderedDict()
+        self._outbox: list[StageEvent] = []
+        self._stopped = False
+        self.loop_error: str | None = None
+        self._thread = threading.Thread(target=self._loop, name=f"omni-{self.name}", daemon=True)
+        self._thread.start()
+
+    # ---- calls from any thread ----------------------------------------------------------------
+    def submit(self, items: list[StageInput | RoutedInput]) -> None:
+        """Queue requests. A routed item's upstream results are resolved and the edge's input
+        processor runs here, on the caller's thread, so the loop keeps stepping meanwhile."""
+        accepted: list[StageInput] = []
+        failed: list[StageResult] = []
+        for item in items:
+            try:
+                accepted.append(self._to_stage_input(item))
+            except Exception as e:  # one bad item fails alone, never the whole submit
+                failed.append(self._error(item.request_id, _why(e)))
+        with self._cond:
+            self._inbox.extend(s for s in accepted if s.request_id not in self._aborted_ids)
+            self._cond.notify_all()
+        self._emit(failed)
+
+    def poll(self, timeout_s: float) -> list[StageEvent]:
+        """Every event since the last poll; waits up to timeout_s for one. Raises when the loop
+        died, so a backend reports a broken stage instead of waiting on it."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._outbox or self._stopped, timeout=timeout_s)
+            if self.loop_error is not None:
+                raise RuntimeError(self.loop_error)
+            out, self._outbox = self._outbox, []
+        return out
+
+    def abort(self, request_ids: list[str]) -> None:
+        dropped = set(request_ids)
+        with self._cond:
+            self._inbox = [s for s in self._inbox if s.request_id not in dropped]
+            self._aborts.extend(request_ids)
+            for request_id in request_ids:
+                self._aborted_ids[request_id] = None
+            while len(self._aborted_ids) > ABORTED_IDS_KEPT:
+                self._aborted_ids.popitem(last=False)
+            self._cond.notify_all()
+
+    def stats(self) -> dict[str, Any]:
+        with self._engine_lock:
+            return {**self.engine.stats(), "num_requests": self.engine.num_requests}
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.loop_error is None
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=timeout_s)
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    busy = self.engine.has_unfinished
+                    if not (busy or self._inbox or self._aborts or self._stopped):
+                        self._cond.wait(timeout=IDLE_WAIT_S)
+                    if self._stopped:
+                        return
+                    inbox, self._inbox = self._inbox, []
+                    aborts, self._aborts = self._aborts, []
+                with self._engine_lock:
+                    if aborts:
+                        self.engine.abort(aborts)  # aborted requests are not reported
+                    rejected = [self._add(s) for s in inbox]
+                    events: list[StageEvent] = [self._finished(r) for r in rejected if r is not None]
+                    if self.engine.has_unfinished:
+                        events.extend(self._step())
+                self._emit_events(events)
+        except BaseException as e:  # the loop must never die silently: poll reports it
+            logger.exception("stage %r: engine loop died", self.name)
+            with self._cond:
+                self.loop_error = f"stage {self.name!r}: engine loop died: {type(e).__name__}: {e}"
+                self._stopped = True
+                self._cond.notify_all()
+            if self._on_event is not None:
+                self._on_event()
+
+    def _add(self, stage_input: StageInput) -> StageResult | None:
+        """Queue in the engine; a rejected request becomes an error result (None if accepted)."""
+        try:
+            self.engine.add_request(stage_input)
+        except Exception as e:  # bad input, or an adapter hook tripping on it: this request alone
+            why = f"stage {self.name!r} rejected request {stage_input.request_id!r}: {_why(e)}"
+            return self._error(stage_input.request_id, why, stage_input.prompt_token_ids)
+        return None
+
+    def _step(self) -> list[StageEvent]:
+        """One engine step. A step that raises fails the requests in flight, never the stage;
+        the engine resets its prefix cache, since the failed step may have registered blocks
+        whose KV it never wrote."""
+        try:
+            output: EngineOutput = self.engine.step()
+        except Exception as e:
+            logger.exception("stage %r: engine step failed", self.name)
+            return [
+                self._failed(r.request_id, e, r.prompt_token_ids) for r in self.engine.fail_all()
+            ]
+        events: list[StageEvent] = list(output.updates)
+        events.extend(self._finished(r) for r in output.finished)
+        events.extend(self._failed(rid, e) for rid, e in output.failed.items())
+        return events
+
+    # ---- results ------------------------------------------------------------------------------
+    def _to_stage_input(self, item: StageInput | RoutedInput) -> StageInput:
+        if isinstance(item, StageInput):
+            return item
+        names = list(item.upstream)
+        upstream = dict(zip(names, self._resolve([item.upstream[n] for n in names]), strict=True))
+        processor_name = self.config.input_processor
+        if processor_name is None:
+            raise ValueError(f"stage {self.name!r} has no input processor for routed inputs")
+        try:
+            stage_input = self.processors[processor_name](upstream, item.prompt)
+            if not isinstance(stage_input, StageInput):
+                raise TypeError(f"returned {type(stage_input).__name__}, expected StageInput")
+        except Exception as e:  # a broken processor fails this request alone
+            raise ValueError(
+                f"input processor {processor_name!r} of stage {self.name!r} failed on request "
+                f"{item.request_id!r}: {type(e).__name__}: {e}"
+            ) from e
+        # The router owns the request id and the per-stage sampling; the processor the rest.
+        return dataclasses.replace(
+            stage_input, request_id=item.request_id, sampling_params=item.sampling_params
+        )
+
+    def _finished(self, result: StageResult) -> Finished:
+        # The routed result is light (no tensors); the payload carries the whole result.
+        return Finished(dataclasses.replace(result, tensors={}, audio=None), self._pack(result))
+
+    def _failed(self, request_id: str, e: BaseException, prompt_token_ids: Any = ()) -> Finished:
+        why = f"stage {self.name!r} failed on request {request_id!r}: {type(e).__name__}: {e}"
+        return self._finished(self._error(request_id, why, prompt_token_ids))
+
+    def _error(self, request_id: str, why: str, prompt_token_ids: Any = ()) -> StageResult:
+        return StageResult(
+            request_id=request_id,
+            stage=self.name,
+            prompt_token_ids=list(prompt_token_ids),
+            token_ids=[],
+            finish_reason="error",
+            error=why,
+        )
+
+    def _emit(self, results: list[StageResult]) -> None:
+        self._emit_events([self._finished(r) for r in results])
+
+    def _emit_events(self, events: list[StageEvent]) -> None:
+        if not events:
+            return
+        with self._cond:
+            self._outbox.extend(events)
+            self._cond.notify_all()
+        if self._on_event is not None:
+            self._on_event()

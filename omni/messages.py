@@ -1,0 +1,156 @@
+"""Every message that crosses a boundary (user <-> driver <-> backend <-> stage host <-> engine).
+
+All are frozen dataclasses: a message is never changed after it is sent, only replaced
+(`dataclasses.replace`). Containers inside them (dicts of tensors) are owned by the receiver.
+
+The path of one request: the user's prompt becomes a `PromptInput` (entrypoints' prompt
+processor); the driver sends each root stage a `StageInput` and every later stage a `RoutedInput`
+(upstream payloads + the prompt), which that stage's host turns into a `StageInput` with the
+edge's input processor. A stage reports `StageUpdate`s while it generates and one `Finished`
+(a `StageResult` plus an opaque payload carrying its tensors) at the end. The driver hands the
+user `OmniOutput` snapshots: one after every step that advanced the request, the last with
+`finished=True`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni.core.request import MultiModalInput
+from omni.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """One user request after tokenization (and, for multimodal stages, preprocessing)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    text: str | None = None
+    cache_salt: str | None = None
+    mm_inputs: tuple[MultiModalInput, ...] = ()
+    extras: Mapping[str, Any] = field(default_factory=dict)
+    """Root-stage adapter inputs (pixel values, audio features, ...)."""
+    original: Any = None
+    """The prompt as the user gave it (returned in OmniOutput.prompt)."""
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """One request for one stage, ready for its engine."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    mm_inputs: tuple[MultiModalInput, ...] = ()
+    cache_salt: str | None = None
+    extras: Mapping[str, Any] = field(default_factory=dict)
+    """Adapter-specific inputs: upstream embeddings, pixel values, audio features, ..."""
+    generation_key: str | None = None
+    """What besides token ids determines the inputs at generated positions (see Request)."""
+
+
+@dataclass(frozen=True)
+class RoutedInput:
+    """A request for a stage with inputs; the edge's input processor runs where the stage runs."""
+
+    request_id: str
+    upstream: Mapping[str, Any]
+    """Upstream stage name -> payload of its result (opaque: the backend resolves it)."""
+    prompt: PromptInput
+    """The original request, as the root stages got it (without large encoder inputs)."""
+    sampling_params: SamplingParams
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """One stage's result for one request; partial (no tensors) in unfinished snapshots."""
+
+    request_id: str
+    stage: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    """Generated token ids (so far, in an unfinished snapshot)."""
+    finish_reason: str | None
+    """stopped, length, aborted or error; None while the stage is still generating."""
+    num_cached_tokens: int = 0
+    """Prompt tokens served by the prefix cache when the request was first scheduled."""
+    tensors: Mapping[str, Any] = field(default_factory=dict)
+    """Per-token outputs for every fed token (prompt + generated but the last): cached rows
+    followed by fresh rows, e.g. "hidden_states" [num_tokens, D]."""
+    text: str | None = None
+    audio: Any = None
+    sample_rate: int | None = None
+    error: str | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class StageUpdate:
+    """A request advanced in a stage's engine step: the tokens that step generated."""
+
+    request_id: str
+    stage: str
+    new_token_ids: list[int]
+    num_cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A stage finished a request: a result light enough to route, and the payload with tensors
+    (the result itself in-process; an object-store reference under Ray)."""
+
+    result: StageResult
+    payload: Any
+
+
+@dataclass(frozen=True)
+class StageDied:
+    """A stage's host is gone (its actor died); requests in it are lost. `restarting`: a new
+    host is on its way and will take new requests."""
+
+    stage: str
+    error: str
+    restarting: bool
+
+
+StageEvent = StageUpdate | Finished | StageDied
+
+
+@dataclass(frozen=True)
+class OmniOutput:
+    """One request's state across all stages: a snapshot while it runs, the result at the end."""
+
+    request_id: str
+    stages: Mapping[str, StageResult]
+    final: StageResult
+    """The final stage's result once finished (the failing stage's on error); in an unfinished
+    snapshot, the result of the furthest stage that has started."""
+    prompt: Any = None
+    error: str | None = None
+    finished: bool = True
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """What one engine step produced: progress of running requests and the finished ones."""
+
+    updates: list[StageUpdate] = field(default_factory=list)
+    finished: list[StageResult] = field(default_factory=list)
+    failed: Mapping[str, Exception] = field(default_factory=dict)
+    """Requests that failed alone (the others in the step are unaffected); the stage host turns
+    each into an error result."""
