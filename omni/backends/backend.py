@@ -12,13 +12,14 @@ Every method may be called from any thread.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from omni.messages import RoutedInput, StageEvent, StageInput, StageResult
 
 
 class StageBackend(Protocol):
-    def submit(self, stage: str, items: list[StageInput | RoutedInput]) -> None:
+    def submit(self, stage: str, items: Sequence[StageInput | RoutedInput]) -> None:
         """Queue work; items that fail validation come back from `poll` as error results."""
 
     def poll(self, timeout_s: float) -> list[StageEvent]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from omni.config import OmniConfig
@@ -18,9 +19,7 @@ class LocalBackend:
         self._reported_dead: set[str] = set()
         try:
             for name in config.topological_order():
-                self.hosts[name] = StageHost(
-                    config.stage(name), processors, on_event=self._notify
-                )
+                self.hosts[name] = StageHost(config.stage(name), processors, on_event=self._notify)
         except BaseException:
             self.shutdown()
             raise
@@ -30,7 +29,7 @@ class LocalBackend:
             self._num_events += 1
             self._cond.notify_all()
 
-    def submit(self, stage: str, items: list[StageInput | RoutedInput]) -> None:
+    def submit(self, stage: str, items: Sequence[StageInput | RoutedInput]) -> None:
         self.hosts[stage].submit(items)
 
     def poll(self, timeout_s: float) -> list[StageEvent]:

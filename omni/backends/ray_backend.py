@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -111,16 +112,14 @@ class RayBackend:
             try:
                 placement[name] = ray.get(ref, timeout=self.timeout_s)
             except ray.exceptions.RayError as e:  # the actor's __init__ raised
-                raise RuntimeError(
-                    f"stage {name!r} failed to start: {ray_error_cause(e)}"
-                ) from e
+                raise RuntimeError(f"stage {name!r} failed to start: {ray_error_cause(e)}") from e
         return placement
 
     def _start_poll(self, name: str) -> None:
         self._polls[self.actors[name].poll.remote(ACTOR_POLL_S)] = name
 
     # ---- StageBackend -------------------------------------------------------------------------
-    def submit(self, stage: str, items: list[StageInput | RoutedInput]) -> None:
+    def submit(self, stage: str, items: Sequence[StageInput | RoutedInput]) -> None:
         wire = [pack_input(item) for item in items]
         with self._lock:
             if stage in self._held:
@@ -141,7 +140,7 @@ class RayBackend:
         with self._lock:
             for ref in ready:
                 if ref in self._calls:
-                    stage = self._calls.pop(ref)
+                    del self._calls[ref]
                     with contextlib.suppress(ray.exceptions.RayError):
                         ray.get(ref, timeout=0)  # a dead actor shows up through its poll
                 elif ref in self._starting:
@@ -211,10 +210,15 @@ class RayBackend:
             dead = dict(self._dead)
             dead.update({n: f"stage {n!r}: restarting" for n in self._held})
         refs = {name: actor.stats.remote() for name, actor in actors.items()}
-        out: dict[str, dict[str, Any]] = {name: {"stage": name, "error": w} for name, w in dead.items()}
+        out: dict[str, dict[str, Any]] = {
+            name: {"stage": name, "error": w} for name, w in dead.items()
+        }
         for name, ref in refs.items():
             try:
-                out[name] = {**ray.get(ref, timeout=self.timeout_s), "restarts": self.num_restarts[name]}
+                out[name] = {
+                    **ray.get(ref, timeout=self.timeout_s),
+                    "restarts": self.num_restarts[name],
+                }
             except ray.exceptions.RayError as e:
                 raise RuntimeError(f"stage {name!r}: stats failed: {ray_error_cause(e)}") from e
         return {name: out[name] for name in self.config.topological_order() if name in out}
@@ -235,4 +239,3 @@ class RayBackend:
                 with contextlib.suppress(Exception):
                     ray.kill(actor, no_restart=True)
         self.session.close()
-

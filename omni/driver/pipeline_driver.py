@@ -61,9 +61,9 @@ class PipelineDriver:
             self._check_running()
             self.router.add(prompt, params, sink)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, reason: str | None = None) -> bool:
         with self._lock:
-            return self.router.abort(request_id)
+            return self.router.abort(request_id, reason)
 
     @property
     def num_requests(self) -> int:
@@ -79,7 +79,7 @@ class PipelineDriver:
         dead = self.backend.dead_stages()
         if dead:
             raise RuntimeError("; ".join(dead.values()))
-        for name, stats in self.backend.stats().items():  # raises naming an unreachable stage
+        for stats in self.backend.stats().values():  # raises naming an unreachable stage
             if "error" in stats:
                 raise RuntimeError(str(stats["error"]))
 

@@ -94,11 +94,21 @@ class Router:
             tracked.inflight.add(root.name)
             self.backend.submit(root.name, [stage_input])
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request everywhere; its sink hears nothing more. False if it is not live."""
-        tracked = self.requests.pop(request_id, None)
+    def abort(self, request_id: str, reason: str | None = None) -> bool:
+        """Stop a request everywhere; False if it is not live. With a reason, its sink gets a
+        last snapshot (finish_reason "aborted", error = reason); without one it hears nothing
+        more (its listener is the one that left)."""
+        tracked = self.requests.get(request_id)
         if tracked is None:
             return False
+        if reason is not None:
+            stage = min(tracked.inflight, key=self.order.index, default=self.final)
+            result = StageResult(request_id, stage, [], [], finish_reason="aborted", error=reason)
+            tracked.inflight.discard(stage)
+            tracked.results[stage] = result
+            self._complete(request_id, result)
+            return True
+        del self.requests[request_id]
         for stage in tracked.inflight:
             self.backend.abort(stage, [request_id])
         return True
@@ -221,9 +231,7 @@ class Router:
             elif name in tracked.tokens:
                 stages[name] = self._partial(tracked, name)
         final = stages[next(name for name in reversed(self.order) if name in stages)]
-        return OmniOutput(
-            request_id, stages, final, prompt=tracked.prompt.original, finished=False
-        )
+        return OmniOutput(request_id, stages, final, prompt=tracked.prompt.original, finished=False)
 
     def _partial(self, tracked: _Tracked, stage: str) -> StageResult:
         tokens = tracked.tokens[stage]

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import time
 from collections import OrderedDict
+from typing import Any
 
 import torch
 
@@ -105,7 +106,7 @@ class GenerationEngine:
             timings={"latency_s": time.perf_counter() - arrival},
         )
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, Any]:
         return {
             "stage": self.name,
             "steps": self.num_steps,

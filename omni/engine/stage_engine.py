@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 
@@ -19,12 +20,13 @@ from omni.core.scheduler import Scheduler, SchedulerConfig
 from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
 from omni.engine.engine import DTYPES, run_until_done
 from omni.messages import EngineOutput, StageInput, StageResult, StageUpdate
+from omni.registry import get_adapter
 from omni.runtime.model_runner import ModelRunner
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.stage_model import StageModel
-from omni.registry import get_adapter
 
 logger = logging.getLogger(__name__)
+
 
 class StageEngine:
     def __init__(self, config: StageConfig, *, model: StageModel | None = None) -> None:
@@ -141,7 +143,9 @@ class StageEngine:
         runner_output = self.runner.execute(scheduler_output)
         return self.update(scheduler_output, runner_output)
 
-    def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> EngineOutput:
+    def update(
+        self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
+    ) -> EngineOutput:
         self.num_steps += 1
         self.output_cache.step = self.num_steps + 1
         for entry in scheduler_output.scheduled:
@@ -217,12 +221,13 @@ class StageEngine:
             timings={"latency_s": time.perf_counter() - arrival} if arrival else {},
         )
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, Any]:
         return {
             "stage": self.name,
             "steps": self.num_steps,
             **{f"kv_{k}": v for k, v in self.kv.stats.as_dict().items()},
             "kv_evictions": self.kv.pool.num_evictions,
+            "kv_blocks_in_use": self.kv.num_blocks - self.kv.num_free_blocks,
             "preemptions": self.scheduler.num_preemptions,
             "rows_recomputed": self.scheduler.num_hit_blocks_refused * self.block_size,
             **self.output_cache.stats(),

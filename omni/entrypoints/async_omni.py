@@ -81,8 +81,8 @@ class AsyncOmni:
 
     async def abort(self, request_id: str) -> bool:
         """Stop a request in every stage and free its blocks; False if it is not running.
-        Its `generate` ends without a finished snapshot."""
-        return self._driver().abort(request_id)
+        Its `generate` ends with a finished snapshot whose final result is "aborted"."""
+        return self._driver().abort(request_id, f"request {request_id!r} was aborted")
 
     def prepare(self, prompt: Any, request_id: str | None = None) -> PromptInput:
         """Validate and tokenize one prompt (ValueError naming the field and the value)."""
@@ -100,13 +100,15 @@ class AsyncOmni:
             return {s.name: s.sampling for s in stages}
         if isinstance(params, SamplingParams):
             return {s.name: params for s in stages}
-        params = list(params) if isinstance(params, list | tuple) else [params]
-        if len(params) != len(stages) or not all(isinstance(p, SamplingParams) for p in params):
+        per_stage: list[Any] = list(params) if isinstance(params, list | tuple) else [params]
+        if len(per_stage) != len(stages) or not all(
+            isinstance(p, SamplingParams) for p in per_stage
+        ):
             raise ValueError(
                 f"sampling_params must be one SamplingParams or a list of {len(stages)} "
                 f"(one per stage: {[s.name for s in stages]}), got {params!r}"
             )
-        return {s.name: p for s, p in zip(stages, params, strict=True)}
+        return {s.name: p for s, p in zip(stages, per_stage, strict=True)}
 
     # ---- the pipeline -------------------------------------------------------------------------
     def stats(self) -> dict[str, dict[str, Any]]:

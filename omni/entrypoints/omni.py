@@ -68,12 +68,9 @@ class Omni:
         progress = _progress(len(requests), use_tqdm)
 
         async def one(request: PromptInput) -> OmniOutput:
-            output = None
-            async for output in self.engine.run(request, params):
-                pass
-            assert output is not None and output.finished
+            outputs = [output async for output in self.engine.run(request, params)]
             progress.update(1)
-            return output
+            return outputs[-1]
 
         async def every() -> list[OmniOutput]:
             return list(await asyncio.gather(*(one(r) for r in requests)))

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from omni.config import StageConfig
@@ -93,7 +93,7 @@ class StageHost:
         self._thread.start()
 
     # ---- calls from any thread ----------------------------------------------------------------
-    def submit(self, items: list[StageInput | RoutedInput]) -> None:
+    def submit(self, items: Sequence[StageInput | RoutedInput]) -> None:
         """Queue requests. A routed item's upstream results are resolved and the edge's input
         processor runs here, on the caller's thread, so the loop keeps stepping meanwhile."""
         accepted: list[StageInput] = []
@@ -160,7 +160,9 @@ class StageHost:
                     if aborts:
                         self.engine.abort(aborts)  # aborted requests are not reported
                     rejected = [self._add(s) for s in inbox]
-                    events: list[StageEvent] = [self._finished(r) for r in rejected if r is not None]
+                    events: list[StageEvent] = [
+                        self._finished(r) for r in rejected if r is not None
+                    ]
                     if self.engine.has_unfinished:
                         events.extend(self._step())
                 self._emit_events(events)

@@ -38,10 +38,9 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from omni.messages import PromptInput
-from omni.messages import StageInput, StageResult
-from stages.qwen2_5_omni.talker import speaker_key
+from omni.messages import PromptInput, StageInput, StageResult
 from omni.registry import register_input_processor
+from stages.qwen2_5_omni.talker import speaker_key
 
 DEFAULT_SPEAKER = "Chelsie"  # transformers' generate default
 CODEC_EOS = (8292, 8294)  # generate's talker_eos_token_id (codec pad, codec end)

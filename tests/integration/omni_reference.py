@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omni.messages import PromptInput
-from omni.messages import StageResult
+from omni.messages import PromptInput, StageResult
 
 
 @dataclass

@@ -133,7 +133,10 @@ def test_a_failing_step_fails_its_requests_not_the_stage(qwen2_dir, monkeypatch)
     host = StageHost(engine.config, {}, engine=engine)
     try:
         host.submit(
-            [StageInput(f"r{i}", list(range(5, 30)), SamplingParams(max_tokens=4)) for i in range(3)]
+            [
+                StageInput(f"r{i}", list(range(5, 30)), SamplingParams(max_tokens=4))
+                for i in range(3)
+            ]
         )
         failed = _finished(host, 3)
         assert sorted(r.request_id for r in failed) == ["r0", "r1", "r2"]

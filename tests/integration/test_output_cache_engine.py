@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from omni.core.sampling_params import SamplingParams
 from omni.messages import StageInput
-from omni.runtime.stage_model import ModelOutputs
+from omni.runtime.stage_model import ModelOutputs, StageModelBase
 
 pytestmark = pytest.mark.slow
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -106,7 +106,7 @@ def test_same_step_hits_wait_for_the_write(qwen2_dir, prompts, uncached):
     )
 
 
-class ExtraOutputs:
+class ExtraOutputs(StageModelBase):
     """Wraps an adapter: adds a per-token output from step `late_from` on, and a pooled one."""
 
     def __init__(self, inner, late_from: int) -> None:

@@ -10,8 +10,8 @@ import pytest
 from two_stage_support import assert_same, direct_run, prompts, two_stage_config
 
 from omni.core.sampling_params import SamplingParams
-from omni.messages import StageInput
 from omni.entrypoints.omni import Omni
+from omni.messages import StageInput
 from omni.registry import register_input_processor
 from stages.two_stage import hidden_to_embeds
 
@@ -187,3 +187,25 @@ def test_bad_prompts_raise_before_any_work(local_omni, prompt, fragment):
         local_omni.generate(["a fine prompt", prompt], use_tqdm=False)
     assert fragment in str(info.value)
     assert {name: s["steps"] for name, s in local_omni.stats().items()} == steps_before
+
+
+class _LoopKiller(BaseException):
+    """Not an Exception: escapes the per-step recovery and ends the stage's loop thread."""
+
+
+def test_a_dead_stage_is_reported_not_waited_on(dirs):
+    with Omni(two_stage_config(*dirs, **{"runtime.backend": "local"})) as omni:
+        omni.check_health()
+        engine = omni.backend.hosts["b"].engine
+
+        def die():
+            raise _LoopKiller("the stage's thread is gone")
+
+        engine.step = die
+        (out,) = omni.generate([prompts()[0]], use_tqdm=False)
+        assert out.error is not None and out.final.stage == "b"
+        assert "stage 'b': engine loop died: _LoopKiller" in out.error
+        with pytest.raises(RuntimeError, match="stage 'b': engine loop died"):
+            omni.check_health()
+        with pytest.raises(RuntimeError, match="stage 'b': engine loop died"):
+            omni.generate([prompts()[1]], use_tqdm=False)

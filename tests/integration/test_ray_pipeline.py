@@ -19,8 +19,9 @@ import ray
 import ray.cloudpickle
 from two_stage_support import assert_same, direct_run, prompts, two_stage_config
 
-from omni.entrypoints.omni import Omni
 from omni.backends.ray_session import wait_for_processes_gone
+from omni.config import ConfigError
+from omni.entrypoints.omni import Omni
 from omni.registry import register_input_processor
 from stages.two_stage import hidden_to_embeds
 
@@ -84,6 +85,12 @@ def test_private_instance_equal_results_kill_and_clean_shutdown(qwen2_dir, llama
             assert_same(output.stages, want[i], f"after the restart, prompt {i}")
         assert omni.backend.num_restarts["b"] == 1
         omni.check_health()
+
+        # A second pipeline while this one holds the CPUs: a ConfigError at once, not a wait.
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match="free on the Ray cluster.*not shut down"):
+            Omni(config)
+        assert time.monotonic() - started < 10
     finally:
         omni.shutdown()
     assert not ray.is_initialized()

@@ -4,7 +4,6 @@ result comparison."""
 from __future__ import annotations
 
 import dataclasses
-
 import random
 from pathlib import Path
 
@@ -12,8 +11,7 @@ import torch
 
 from omni.config import OmniConfig, load_config
 from omni.engine import StageEngine
-from omni.messages import PromptInput
-from omni.messages import StageInput, StageResult
+from omni.messages import PromptInput, StageInput, StageResult
 from omni.registry import get_input_processor
 
 REPO = Path(__file__).resolve().parents[2]

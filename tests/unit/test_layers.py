@@ -408,3 +408,14 @@ def test_checker_reports_cycles():
 def test_find_cycles_reports_each_component_once():
     graph = {"a": {"b"}, "b": {"c", "a"}, "c": {"a"}, "d": {"d"}, "e": {"a"}}
     assert find_cycles(graph) == [["a", "b", "a"], ["d", "d"]]
+
+
+def test_checker_catches_edges_planted_in_the_real_tree():
+    sources = module_sources(REPO / "omni")
+    path, text = sources["omni.core.request"]
+    sources["omni.core.request"] = (path, text + "\n\ndef _f():\n    import omni.messages\n")
+    problems = check(sources)
+    assert any(
+        p.startswith(f"{path}:") and p.endswith("upward (core -> messages)") for p in problems
+    )
+    assert any(p.startswith("import cycle:") and "omni.core.request" in p for p in problems)

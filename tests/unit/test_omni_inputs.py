@@ -135,8 +135,8 @@ def test_explicit_placeholders_framed_and_pre_expanded_ids_kept(proc):
 
 def test_prompt_processor_registry():
     from omni.entrypoints.prompt_processor import PromptProcessor
-    from stages.qwen2_5_omni.processor import OmniPromptProcessor
     from omni.registry import get_prompt_processor
+    from stages.qwen2_5_omni.processor import OmniPromptProcessor
 
     assert get_prompt_processor("qwen2_5_omni_thinker") is OmniPromptProcessor
     assert get_prompt_processor("causal_lm") is PromptProcessor

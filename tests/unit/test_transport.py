@@ -8,9 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from omni.messages import PromptInput
-from omni.messages import StageInput, StageResult
-from omni.messages import RoutedInput
 from omni.backends.transport import (
     WireTensor,
     light_result,
@@ -21,6 +18,7 @@ from omni.backends.transport import (
     unpack_input,
     unpack_result,
 )
+from omni.messages import PromptInput, RoutedInput, StageInput, StageResult
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64])
