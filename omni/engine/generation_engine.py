@@ -20,15 +20,18 @@ from omni.config import StageConfig
 from omni.engine.engine import run_until_done
 from omni.messages import EngineOutput, StageInput, StageResult
 from omni.registry import get_adapter
+from omni.runtime.stage_model import GenerationModel
 
 logger = logging.getLogger(__name__)
 
 
 class GenerationEngine:
-    def __init__(self, config: StageConfig, *, model=None) -> None:
+    def __init__(self, config: StageConfig, *, model: GenerationModel | None = None) -> None:
         self.config = config
         self.name = config.name
-        self.model = model or get_adapter(config.adapter)(config.model, dtype=torch.float32)
+        self.model: GenerationModel = model or get_adapter(config.adapter)(
+            config.model, dtype=torch.float32
+        )
         self._pending: OrderedDict[str, tuple[StageInput, float]] = OrderedDict()
         self.num_steps = 0
         self.num_finished = 0
@@ -83,8 +86,9 @@ class GenerationEngine:
                 failed[stage_input.request_id] = e
                 continue
             result = self._result(stage_input, "stopped", arrival)
-            sample_rate = getattr(self.model, "sample_rate", None)
-            results.append(dataclasses.replace(result, audio=audio, sample_rate=sample_rate))
+            results.append(
+                dataclasses.replace(result, audio=audio, sample_rate=self.model.sample_rate)
+            )
         self.busy_s += time.perf_counter() - start
         self.num_finished += len(results)
         return EngineOutput(finished=results, failed=failed)

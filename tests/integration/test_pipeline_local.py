@@ -4,6 +4,7 @@ fails in a stage fails alone."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,21 @@ def test_stream_yields_each_stage_as_it_finishes(local_omni):
     assert len(seen) == 2 * len(ids)
     for rid in {rid for rid, _ in seen}:
         assert [s for r, s in seen if r == rid] == ["a", "b"]
+
+
+def test_leaving_a_stream_early_aborts_the_rest(local_omni):
+    long = SamplingParams(max_tokens=200, ignore_eos=True)
+    stream = local_omni.stream(prompts(n=4, seed=2), long)
+    first = next(stream)
+    assert first.stage == "a" and first.error is None
+    stream.close()
+    deadline = time.monotonic() + 10
+    while local_omni.engine.num_requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert local_omni.engine.num_requests == 0
+    time.sleep(0.5)  # the hosts apply aborts between steps
+    assert all(s["num_requests"] == 0 for s in local_omni.stats().values())
+    assert all(s["kv_blocks_in_use"] == 0 for s in local_omni.stats().values())
 
 
 def test_per_stage_sampling_params(local_omni):
