@@ -12,14 +12,18 @@ the tokens so far (partial results) or the finished result with its tensors. The
 finished=True. Not thread-safe: the driver calls it under its lock.
 
 Events for requests the router does not track (aborted, failed) are ignored, so a stale result can
-never be routed twice.
+never be routed twice. For the same reason a request id the caller reuses runs in the stages under
+a fresh id (`id#N`): a stage may still hold a late abort for the id's earlier request, and that
+must not drop the new one. Callers only ever see their own id.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +48,7 @@ logger = logging.getLogger(__name__)
 Sink = Callable[[OmniOutput], None]
 Decode = Callable[[str, list[int]], str | None]
 ROUTED_EXTRA_MAX_BYTES = 64 << 10
+RECENT_IDS_KEPT = 20_000  # at least as many as a stage host remembers aborts (ABORTED_IDS_KEPT)
 
 
 @dataclass
@@ -51,6 +56,9 @@ class _Tracked:
     """A live request: where it is, what it has produced so far, and who listens."""
 
     prompt: PromptInput
+    """The prompt as the stages know it (request_id: the stage id)."""
+    user_id: str
+    """The request id its caller gave or got."""
     params: dict[str, SamplingParams]
     sink: Sink
     inflight: set[str] = field(default_factory=set)
@@ -69,19 +77,30 @@ class Router:
         self.decode = decode
         self.final = config.final_stage.name
         self.order = config.topological_order()
-        self.requests: dict[str, _Tracked] = {}
+        self.requests: dict[str, _Tracked] = {}  # by stage id
+        self._live: dict[str, str] = {}  # user id -> stage id
+        self._recent: OrderedDict[str, None] = OrderedDict()  # stage ids used lately
+        self._reuses = itertools.count(1)
 
     # ---- requests -----------------------------------------------------------------------------
     def add(self, prompt: PromptInput, params: dict[str, SamplingParams], sink: Sink) -> None:
         """Start a request in every root stage; a ValueError if its id is live or a stage is down."""
-        request_id = prompt.request_id
-        if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} is already running")
+        user_id = prompt.request_id
+        if user_id in self._live:
+            raise ValueError(f"request_id {user_id!r} is already running")
         dead = self.backend.dead_stages()
         if dead:
             raise RuntimeError("; ".join(dead.values()))
-        tracked = _Tracked(prompt, params, sink)
+        request_id = user_id
+        while request_id in self._recent:
+            request_id = f"{user_id}#{next(self._reuses)}"
+        self._recent[request_id] = None
+        while len(self._recent) > RECENT_IDS_KEPT:
+            self._recent.popitem(last=False)
+        prompt = dataclasses.replace(prompt, request_id=request_id)
+        tracked = _Tracked(prompt, user_id, params, sink)
         self.requests[request_id] = tracked
+        self._live[user_id] = request_id
         for root in self.config.root_stages:
             stage_input = StageInput(
                 request_id,
@@ -94,23 +113,17 @@ class Router:
             tracked.inflight.add(root.name)
             self.backend.submit(root.name, [stage_input])
 
-    def abort(self, request_id: str, reason: str | None = None) -> bool:
+    def abort(self, user_id: str, reason: str | None = None) -> bool:
         """Stop a request everywhere; False if it is not live. With a reason, its sink gets a
         last snapshot (finish_reason "aborted", error = reason); without one it hears nothing
         more (its listener is the one that left)."""
-        tracked = self.requests.get(request_id)
-        if tracked is None:
+        request_id = self._live.get(user_id)
+        if request_id is None:
             return False
         if reason is not None:
-            stage = min(tracked.inflight, key=self.order.index, default=self.final)
-            result = StageResult(request_id, stage, [], [], finish_reason="aborted", error=reason)
-            tracked.inflight.discard(stage)
-            tracked.results[stage] = result
-            self._complete(request_id, result)
+            self.fail(request_id, None, reason, finish_reason="aborted")
             return True
-        del self.requests[request_id]
-        for stage in tracked.inflight:
-            self.backend.abort(stage, [request_id])
+        self._drop(request_id)
         return True
 
     @property
@@ -145,24 +158,31 @@ class Router:
                 where = sorted(tracked.inflight)
                 self.fail(
                     request_id,
-                    where[0] if where else self.final,
-                    f"request {request_id!r}: no progress in stage(s) {where} for {timeout_s:g} s "
-                    "(runtime.request_timeout_s)",
+                    None,
+                    f"request {tracked.user_id!r}: no progress in stage(s) {where} for "
+                    f"{timeout_s:g} s (runtime.request_timeout_s)",
                 )
 
-    def fail(self, request_id: str, stage: str, error: str) -> None:
-        """End a request with an error result in `stage`, aborting it everywhere else."""
+    def fail(
+        self, request_id: str, stage: str | None, error: str, finish_reason: str = "error"
+    ) -> None:
+        """End a request with an error result in `stage` (None: the earliest stage it is in),
+        aborting it everywhere else."""
         tracked = self.requests.get(request_id)
         if tracked is None:
             return
-        result = StageResult(request_id, stage, [], [], finish_reason="error", error=error)
+        if stage is None:
+            stage = min(tracked.inflight, key=self.order.index, default=self.final)
+        result = StageResult(
+            tracked.user_id, stage, [], [], finish_reason=finish_reason, error=error
+        )
         tracked.inflight.discard(stage)
         tracked.results[stage] = result
         self._complete(request_id, result)
 
     def fail_all(self, error: str) -> None:
         for request_id in list(self.requests):
-            self.fail(request_id, self.final, error)
+            self.fail(request_id, None, error)
 
     def _on_update(self, update: StageUpdate) -> bool:
         tracked = self.requests.get(update.request_id)
@@ -183,7 +203,9 @@ class Router:
         tracked.last_progress = time.monotonic()
         tracked.payloads[stage] = item.payload
         (full,) = self.backend.fetch([item.payload])
-        tracked.results[stage] = self._with_text(full)
+        tracked.results[stage] = self._with_text(
+            dataclasses.replace(full, request_id=tracked.user_id)
+        )
         if item.result.error is not None:
             self._complete(request_id, tracked.results[stage])
             return False
@@ -203,17 +225,22 @@ class Router:
     def _stage_died(self, event: StageDied) -> None:
         for request_id, tracked in list(self.requests.items()):
             if event.stage in tracked.inflight:
-                self.fail(request_id, event.stage, f"request {request_id!r}: {event.error}")
+                self.fail(request_id, event.stage, f"request {tracked.user_id!r}: {event.error}")
 
     # ---- outputs ------------------------------------------------------------------------------
-    def _complete(self, request_id: str, error: StageResult | None) -> None:
+    def _drop(self, request_id: str) -> _Tracked:
         tracked = self.requests.pop(request_id)
+        del self._live[tracked.user_id]
         for stage in tracked.inflight:
-            self.backend.abort(stage, [request_id])  # a sibling branch of a failed request
+            self.backend.abort(stage, [request_id])  # e.g. a sibling branch of a failed request
+        return tracked
+
+    def _complete(self, request_id: str, error: StageResult | None) -> None:
+        tracked = self._drop(request_id)
         stages = {name: tracked.results[name] for name in self.order if name in tracked.results}
         final = error if error is not None else stages[self.final]
         output = OmniOutput(
-            request_id=request_id,
+            request_id=tracked.user_id,
             stages=stages,
             final=final,
             prompt=tracked.prompt.original,
@@ -231,7 +258,9 @@ class Router:
             elif name in tracked.tokens:
                 stages[name] = self._partial(tracked, name)
         final = stages[next(name for name in reversed(self.order) if name in stages)]
-        return OmniOutput(request_id, stages, final, prompt=tracked.prompt.original, finished=False)
+        return OmniOutput(
+            tracked.user_id, stages, final, prompt=tracked.prompt.original, finished=False
+        )
 
     def _partial(self, tracked: _Tracked, stage: str) -> StageResult:
         tokens = tracked.tokens[stage]
@@ -240,7 +269,7 @@ class Router:
             text = self.decode(stage, tokens)
             tracked.texts[stage] = (len(tokens), text)
         return StageResult(
-            tracked.prompt.request_id,
+            tracked.user_id,
             stage,
             [],
             list(tokens),
@@ -260,7 +289,8 @@ class Router:
             sink(output)
         except Exception:  # a listener that is gone (closed event loop): stop the request
             logger.exception("request %r: its listener failed; aborting it", request_id)
-            self.abort(request_id)
+            if request_id in self.requests:
+                self._drop(request_id)
 
 
 def _slim(prompt: PromptInput) -> PromptInput:

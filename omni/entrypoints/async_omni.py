@@ -13,6 +13,7 @@ the task, aborts the request in every stage.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import threading
@@ -60,8 +61,11 @@ class AsyncOmni:
         """Snapshots of one request as it advances; the last has `finished=True` and equals
         what `Omni.generate` returns. Bad input raises ValueError before any work starts."""
         request = self.prepare(prompt, request_id)
-        async for output in self.run(request, self.stage_params(sampling_params)):
-            yield output
+        params = self.stage_params(sampling_params)
+        # Closing this generator must close the inner one now (it aborts), not at its collection.
+        async with contextlib.aclosing(self.run(request, params)) as outputs:
+            async for output in outputs:
+                yield output
 
     async def run(
         self, request: PromptInput, params: dict[str, SamplingParams]

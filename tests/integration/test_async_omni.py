@@ -193,7 +193,10 @@ def test_bad_requests_and_health(omni_dir):
             with pytest.raises(ValueError, match="request_id 'same' is already running"):
                 async for _ in engine.generate("a second one", request_id="same"):
                     pass
-            await first.aclose()
+            await first.aclose()  # aborts "same": the id is free again
+            again = [out async for out in engine.generate("again", PARAMS, request_id="same")]
+            assert again[-1].finished and again[-1].error is None
+            assert {r.request_id for r in again[-1].stages.values()} == {"same"}
         finally:
             engine.shutdown()
         with pytest.raises(RuntimeError, match="shut down"):
