@@ -47,11 +47,11 @@ def timed_request(engine: StageEngine, request_id: str, token_ids: list[int], ma
     start = time.perf_counter()
     ttft = None
     while True:
-        results = engine.step()
+        output = engine.step()  # an EngineOutput: .updates of running, .finished results
         if ttft is None:
             ttft = time.perf_counter() - start
-        if results:
-            return ttft, time.perf_counter() - start, results[0]
+        if output.finished:
+            return ttft, time.perf_counter() - start, output.finished[0]
 
 
 def long_document(model_dir: str, tokenizer, args) -> None:

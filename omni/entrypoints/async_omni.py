@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import os
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from omni.config import OmniConfig, config_for_model, load_config
@@ -69,7 +69,7 @@ class AsyncOmni:
 
     async def run(
         self, request: PromptInput, params: dict[str, SamplingParams]
-    ) -> AsyncIterator[OmniOutput]:
+    ) -> AsyncGenerator[OmniOutput, None]:
         """`generate` for a prepared request (see `prepare` and `stage_params`)."""
         stream = _RequestStream(asyncio.get_running_loop())
         self._driver().add(request, params, stream.push)
