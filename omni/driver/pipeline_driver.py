@@ -56,10 +56,17 @@ class PipelineDriver:
         self._thread = threading.Thread(target=self._loop, name="omni-driver", daemon=True)
         self._thread.start()
 
-    def add(self, prompt: PromptInput, params: dict[str, SamplingParams], sink: Sink) -> None:
+    def add(
+        self,
+        prompt: PromptInput,
+        params: dict[str, SamplingParams],
+        sink: Sink,
+        *,
+        stream_steps: bool = True,
+    ) -> None:
         with self._lock:
             self._check_running()
-            self.router.add(prompt, params, sink)
+            self.router.add(prompt, params, sink, stream_steps=stream_steps)
 
     def abort(self, request_id: str, reason: str | None = None) -> bool:
         with self._lock:

@@ -31,6 +31,7 @@ from typing import Any
 from omni.backends.backend import StageBackend
 from omni.config import OmniConfig
 from omni.core.sampling_params import SamplingParams
+from omni.driver.incremental_text import IncrementalText
 from omni.messages import (
     Finished,
     OmniOutput,
@@ -66,7 +67,9 @@ class _Tracked:
     results: dict[str, StageResult] = field(default_factory=dict)  # finished, full
     tokens: dict[str, list[int]] = field(default_factory=dict)  # running stage -> tokens so far
     num_cached: dict[str, int] = field(default_factory=dict)
-    texts: dict[str, tuple[int, str | None]] = field(default_factory=dict)  # decode memo
+    stream_steps: bool = True
+    """Send a snapshot after every step that advanced it (else only when a stage finishes)."""
+    texts: dict[str, IncrementalText] = field(default_factory=dict)
     last_progress: float = field(default_factory=time.monotonic)
 
 
@@ -83,7 +86,14 @@ class Router:
         self._reuses = itertools.count(1)
 
     # ---- requests -----------------------------------------------------------------------------
-    def add(self, prompt: PromptInput, params: dict[str, SamplingParams], sink: Sink) -> None:
+    def add(
+        self,
+        prompt: PromptInput,
+        params: dict[str, SamplingParams],
+        sink: Sink,
+        *,
+        stream_steps: bool = True,
+    ) -> None:
         """Start a request in every root stage; a ValueError if its id is live or a stage is down."""
         user_id = prompt.request_id
         if user_id in self._live:
@@ -98,7 +108,7 @@ class Router:
         while len(self._recent) > RECENT_IDS_KEPT:
             self._recent.popitem(last=False)
         prompt = dataclasses.replace(prompt, request_id=request_id)
-        tracked = _Tracked(prompt, user_id, params, sink)
+        tracked = _Tracked(prompt, user_id, params, sink, stream_steps=stream_steps)
         self.requests[request_id] = tracked
         self._live[user_id] = request_id
         for root in self.config.root_stages:
@@ -140,7 +150,7 @@ class Router:
             if isinstance(event, StageDied):
                 self._stage_died(event)
             elif isinstance(event, StageUpdate):
-                if self._on_update(event):
+                if self._on_update(event) and self.requests[event.request_id].stream_steps:
                     advanced.add(event.request_id)
             elif self._on_finished(event, routed):
                 advanced.add(event.result.request_id)
@@ -264,10 +274,9 @@ class Router:
 
     def _partial(self, tracked: _Tracked, stage: str) -> StageResult:
         tokens = tracked.tokens[stage]
-        num_decoded, text = tracked.texts.get(stage, (-1, None))
-        if num_decoded != len(tokens):
-            text = self.decode(stage, tokens)
-            tracked.texts[stage] = (len(tokens), text)
+        text = tracked.texts.setdefault(stage, IncrementalText()).update(
+            tokens, lambda token_ids: self.decode(stage, token_ids)
+        )
         return StageResult(
             tracked.user_id,
             stage,

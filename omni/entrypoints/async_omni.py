@@ -68,11 +68,16 @@ class AsyncOmni:
                 yield output
 
     async def run(
-        self, request: PromptInput, params: dict[str, SamplingParams]
+        self,
+        request: PromptInput,
+        params: dict[str, SamplingParams],
+        *,
+        stream_steps: bool = True,
     ) -> AsyncGenerator[OmniOutput, None]:
-        """`generate` for a prepared request (see `prepare` and `stage_params`)."""
+        """`generate` for a prepared request (see `prepare` and `stage_params`). Without
+        stream_steps a snapshot comes only when a stage finishes (no per-step text decoding)."""
         stream = _RequestStream(asyncio.get_running_loop())
-        self._driver().add(request, params, stream.push)
+        self._driver().add(request, params, stream.push, stream_steps=stream_steps)
         try:
             while True:
                 output = await stream.get()

@@ -68,7 +68,8 @@ class Omni:
         progress = _progress(len(requests), use_tqdm)
 
         async def one(request: PromptInput) -> OmniOutput:
-            outputs = [output async for output in self.engine.run(request, params)]
+            run = self.engine.run(request, params, stream_steps=False)
+            outputs = [output async for output in run]
             progress.update(1)
             return outputs[-1]
 
@@ -88,7 +89,7 @@ class Omni:
 
         async def one(request: PromptInput) -> None:
             seen: set[str] = set()
-            async for output in self.engine.run(request, params):
+            async for output in self.engine.run(request, params, stream_steps=False):
                 for name, result in output.stages.items():
                     if result.finished and name not in seen:
                         seen.add(name)

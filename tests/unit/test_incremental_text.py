@@ -1,0 +1,36 @@
+"""IncrementalText: streamed text equals the full decode, one token at a time, multi-byte too."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from omni.driver.incremental_text import IncrementalText
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Café crème, naïve façade — 中文字符 and an emoji 🎉 in the middle.",
+    "  leading spaces,\nnew lines\tand tabs  ",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen2_dir):
+    return AutoTokenizer.from_pretrained(qwen2_dir)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_streamed_text_is_a_growing_prefix_of_the_full_decode(tokenizer, text):
+    token_ids = tokenizer.encode(text, add_special_tokens=False)
+    full = tokenizer.decode(token_ids, skip_special_tokens=True)
+    stream = IncrementalText()
+    seen = []
+    for n in range(1, len(token_ids) + 1):
+        seen.append(stream.update(token_ids[:n], lambda ids: tokenizer.decode(ids)))
+    assert seen[-1] == full
+    assert all(full.startswith(s) and "\ufffd" not in s for s in seen)
+    assert seen == sorted(seen, key=len)
+
+
+def test_non_text_stages_stay_none():
+    assert IncrementalText().update([1, 2, 3], lambda ids: None) is None
