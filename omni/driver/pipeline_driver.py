@@ -62,11 +62,14 @@ class PipelineDriver:
         params: dict[str, SamplingParams],
         sink: Sink,
         *,
+        final_stage: str | None = None,
         stream_steps: bool = True,
     ) -> None:
         with self._lock:
             self._check_running()
-            self.router.add(prompt, params, sink, stream_steps=stream_steps)
+            self.router.add(
+                prompt, params, sink, final_stage=final_stage, stream_steps=stream_steps
+            )
 
     def abort(self, request_id: str, reason: str | None = None) -> bool:
         with self._lock:

@@ -67,6 +67,8 @@ class _Tracked:
     results: dict[str, StageResult] = field(default_factory=dict)  # finished, full
     tokens: dict[str, list[int]] = field(default_factory=dict)  # running stage -> tokens so far
     num_cached: dict[str, int] = field(default_factory=dict)
+    final: str = ""
+    """The stage whose result completes the request (the pipeline's final stage, or earlier)."""
     stream_steps: bool = True
     """Send a snapshot after every step that advanced it (else only when a stage finishes)."""
     texts: dict[str, IncrementalText] = field(default_factory=dict)
@@ -84,6 +86,7 @@ class Router:
         self._live: dict[str, str] = {}  # user id -> stage id
         self._recent: OrderedDict[str, None] = OrderedDict()  # stage ids used lately
         self._reuses = itertools.count(1)
+        self._needed_memo: dict[str, set[str]] = {}
 
     # ---- requests -----------------------------------------------------------------------------
     def add(
@@ -92,12 +95,18 @@ class Router:
         params: dict[str, SamplingParams],
         sink: Sink,
         *,
+        final_stage: str | None = None,
         stream_steps: bool = True,
     ) -> None:
-        """Start a request in every root stage; a ValueError if its id is live or a stage is down."""
+        """Start a request in the root stages it needs; final_stage ends it early (e.g. text
+        without speech: the stages after it never see it). A ValueError if its id is live or
+        final_stage is unknown, a RuntimeError if a stage it needs is dead for good."""
         user_id = prompt.request_id
         if user_id in self._live:
             raise ValueError(f"request_id {user_id!r} is already running")
+        final = self.final if final_stage is None else final_stage
+        if final not in self.order:
+            raise ValueError(f"final_stage {final!r} is not a stage; stages: {self.order}")
         dead = self.backend.dead_stages()
         if dead:
             raise RuntimeError("; ".join(dead.values()))
@@ -108,10 +117,13 @@ class Router:
         while len(self._recent) > RECENT_IDS_KEPT:
             self._recent.popitem(last=False)
         prompt = dataclasses.replace(prompt, request_id=request_id)
-        tracked = _Tracked(prompt, user_id, params, sink, stream_steps=stream_steps)
+        tracked = _Tracked(prompt, user_id, params, sink, final=final, stream_steps=stream_steps)
         self.requests[request_id] = tracked
         self._live[user_id] = request_id
+        needed = self._needed(final)
         for root in self.config.root_stages:
+            if root.name not in needed:
+                continue
             stage_input = StageInput(
                 request_id,
                 list(prompt.prompt_token_ids),
@@ -182,7 +194,7 @@ class Router:
         if tracked is None:
             return
         if stage is None:
-            stage = min(tracked.inflight, key=self.order.index, default=self.final)
+            stage = min(tracked.inflight, key=self.order.index, default=tracked.final)
         result = StageResult(
             tracked.user_id, stage, [], [], finish_reason=finish_reason, error=error
         )
@@ -219,11 +231,14 @@ class Router:
         if item.result.error is not None:
             self._complete(request_id, tracked.results[stage])
             return False
-        if stage == self.final:
+        if stage == tracked.final:
             self._complete(request_id, None)
             return False
+        needed = self._needed(tracked.final)
         for consumer in self.config.consumers(stage):
-            if all(name in tracked.payloads for name in consumer.inputs):
+            if consumer.name in needed and all(
+                name in tracked.payloads for name in consumer.inputs
+            ):
                 upstream = {name: tracked.payloads[name] for name in consumer.inputs}
                 routed_input = RoutedInput(
                     request_id, upstream, _slim(tracked.prompt), tracked.params[consumer.name]
@@ -237,6 +252,19 @@ class Router:
             if event.stage in tracked.inflight:
                 self.fail(request_id, event.stage, f"request {tracked.user_id!r}: {event.error}")
 
+    def _needed(self, final: str) -> set[str]:
+        """The stages a request ending at `final` runs through: `final` and its ancestors."""
+        needed = self._needed_memo.get(final)
+        if needed is None:
+            needed, todo = set(), [final]
+            while todo:
+                name = todo.pop()
+                if name not in needed:
+                    needed.add(name)
+                    todo.extend(self.config.stage(name).inputs)
+            self._needed_memo[final] = needed
+        return needed
+
     # ---- outputs ------------------------------------------------------------------------------
     def _drop(self, request_id: str) -> _Tracked:
         tracked = self.requests.pop(request_id)
@@ -248,7 +276,7 @@ class Router:
     def _complete(self, request_id: str, error: StageResult | None) -> None:
         tracked = self._drop(request_id)
         stages = {name: tracked.results[name] for name in self.order if name in tracked.results}
-        final = error if error is not None else stages[self.final]
+        final = error if error is not None else stages[tracked.final]
         output = OmniOutput(
             request_id=tracked.user_id,
             stages=stages,

@@ -56,14 +56,22 @@ class AsyncOmni:
 
     # ---- requests -----------------------------------------------------------------------------
     async def generate(
-        self, prompt: Any, sampling_params: StageParams = None, *, request_id: str | None = None
+        self,
+        prompt: Any,
+        sampling_params: StageParams = None,
+        *,
+        request_id: str | None = None,
+        final_stage: str | None = None,
     ) -> AsyncIterator[OmniOutput]:
         """Snapshots of one request as it advances; the last has `finished=True` and equals
-        what `Omni.generate` returns. Bad input raises ValueError before any work starts."""
+        what `Omni.generate` returns. `final_stage` ends the request at that stage (e.g.
+        `engine.text_stage`: text without speech). Bad input raises ValueError before any
+        work starts."""
         request = self.prepare(prompt, request_id)
         params = self.stage_params(sampling_params)
+        run = self.run(request, params, final_stage=final_stage)
         # Closing this generator must close the inner one now (it aborts), not at its collection.
-        async with contextlib.aclosing(self.run(request, params)) as outputs:
+        async with contextlib.aclosing(run) as outputs:
             async for output in outputs:
                 yield output
 
@@ -72,12 +80,15 @@ class AsyncOmni:
         request: PromptInput,
         params: dict[str, SamplingParams],
         *,
+        final_stage: str | None = None,
         stream_steps: bool = True,
     ) -> AsyncGenerator[OmniOutput, None]:
         """`generate` for a prepared request (see `prepare` and `stage_params`). Without
         stream_steps a snapshot comes only when a stage finishes (no per-step text decoding)."""
         stream = _RequestStream(asyncio.get_running_loop())
-        self._driver().add(request, params, stream.push, stream_steps=stream_steps)
+        self._driver().add(
+            request, params, stream.push, final_stage=final_stage, stream_steps=stream_steps
+        )
         try:
             while True:
                 output = await stream.get()
@@ -120,6 +131,24 @@ class AsyncOmni:
         return {s.name: p for s, p in zip(stages, per_stage, strict=True)}
 
     # ---- the pipeline -------------------------------------------------------------------------
+    @property
+    def text_stage(self) -> str | None:
+        """The last stage (in topological order) whose tokens are text: where a text-only
+        request can end. None when no stage produces text."""
+        names = [n for n in self.config.topological_order() if _is_text(self.config, n)]
+        return names[-1] if names else None
+
+    @property
+    def audio_stage(self) -> str | None:
+        """The final stage when it is a generation stage (a vocoder: results carry audio)."""
+        final = self.config.final_stage
+        return final.name if final.kind == "generation" else None
+
+    @property
+    def voices(self) -> list[str]:
+        """Speakers a prompt may pick with {"speaker": NAME} (empty: no speech, or one voice)."""
+        return list(self.prompt_processor.voices)
+
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per-stage engine statistics (steps, prefix-cache queries and hits, output cache)."""
         return self._driver().stats()
@@ -210,3 +239,7 @@ def resolve_config(
         return config_for_model(model, overrides or None)
     variables = {**({"MODEL": model} if model else {}), **(variables or {})}
     return load_config(config, overrides or None, variables or None)
+
+
+def _is_text(config: OmniConfig, stage: str) -> bool:
+    return produces_text(config.stage(stage).adapter)

@@ -36,6 +36,8 @@ class PromptProcessor:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.voices: list[str] = []
+        """Speakers a prompt may pick with its "speaker" key (none for text-only pipelines)."""
 
     def __call__(self, request_id: str, prompt: Any) -> PromptInput:
         if isinstance(prompt, str):

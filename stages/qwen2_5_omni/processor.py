@@ -27,6 +27,7 @@ prompt order. Per-modality lists are in placeholder order; index i of each belon
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from omni.core.request import MultiModalInput
 from omni.entrypoints.prompt_processor import PromptProcessor
 from omni.messages import PromptInput
 from stages.qwen2_5_omni import media
+from stages.qwen2_5_omni.part_loader import load_speakers
 
 MODALITIES = ("images", "audio")
 
@@ -67,6 +69,7 @@ class OmniPromptProcessor(PromptProcessor):
             self.feature_extractor = WhisperFeatureExtractor.from_pretrained(model_dir)
         finally:
             hf_logging.set_verbosity(level)
+        self.voices = sorted(load_speakers(model_dir)) if _has_speakers(model_dir) else []
         self.max_pixels = max_pixels  # input guard on the decoded image, not the resize target
         self.max_audio_seconds = min(max_audio_seconds, self.feature_extractor.chunk_length)
         tok = self.tokenizer
@@ -87,10 +90,12 @@ class OmniPromptProcessor(PromptProcessor):
     def __call__(self, request_id: str, prompt: Any) -> PromptInput:
         items: dict[str, list] = {"images": [], "audio": []}
         original = prompt
+        speaker = None
         if isinstance(prompt, dict):
             prompt = dict(prompt)
             for key in MODALITIES:
                 items[key] = _as_list(prompt.pop(key, None), key)
+            speaker = prompt.pop("speaker", None)
         # keys, text/ids, salt: validated there
         base = dataclasses.replace(super().__call__(request_id, prompt), original=original)
         where = f"prompt {request_id!r}"
@@ -119,6 +124,13 @@ class OmniPromptProcessor(PromptProcessor):
         token_ids, mm_inputs = self._expand(where, token_ids, runs, extras, counts)
         if extras:
             extras["mm_identifiers"] = [item.identifier for item in mm_inputs]
+        if speaker is not None:
+            if speaker not in self.voices:
+                raise ValueError(
+                    f"{where}: speaker {speaker!r} is not a voice of this model; voices: "
+                    f"{self.voices}"
+                )
+            extras["speaker"] = speaker  # read by the talker and token2wav edges
         return dataclasses.replace(
             base, prompt_token_ids=token_ids, mm_inputs=tuple(mm_inputs), extras=extras
         )
@@ -244,3 +256,7 @@ def _named(where: str, key: str, i: int, loader, item: Any, limit) -> Any:
         return loader(item, limit)
     except ValueError as e:
         raise ValueError(f"{where}: {key}[{i}]: {e}") from None
+
+
+def _has_speakers(model_dir: str) -> bool:
+    return os.path.exists(os.path.join(model_dir, "spk_dict.pt"))

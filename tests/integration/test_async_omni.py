@@ -206,3 +206,36 @@ def test_bad_requests_and_health(omni_dir):
             await engine.check_health()
 
     asyncio.run(main())
+
+
+def test_text_only_requests_and_voices(omni_dir, sequential):
+    prompt = _prompts()[0]
+
+    async def main():
+        async with AsyncOmni(model=omni_dir, runtime={"backend": "local"}) as engine:
+            assert (engine.text_stage, engine.audio_stage) == ("thinker", "token2wav")
+            assert engine.voices == ["Chelsie", "Ethan"]
+            text_only = [
+                out async for out in engine.generate(prompt, PARAMS, final_stage=engine.text_stage)
+            ][-1]
+            untouched = engine.stats()
+            voiced = {}
+            for voice in engine.voices:
+                spoken = {"prompt": prompt, "speaker": voice}
+                voiced[voice] = [out async for out in engine.generate(spoken, PARAMS)][-1]
+            with pytest.raises(ValueError, match=r"speaker 'Bob' is not a voice.*'Chelsie'"):
+                async for _ in engine.generate({"prompt": prompt, "speaker": "Bob"}):
+                    pass
+            with pytest.raises(ValueError, match="final_stage 'vocoder' is not a stage"):
+                async for _ in engine.generate(prompt, final_stage="vocoder"):
+                    pass
+            return text_only, untouched, voiced
+
+    text_only, untouched, voiced = asyncio.run(main())
+    assert text_only.finished and list(text_only.stages) == ["thinker"]
+    assert text_only.final.token_ids == sequential[0].stages["thinker"].token_ids
+    assert untouched["talker"]["steps"] == 0 and untouched["token2wav"]["steps"] == 0
+    _assert_same(voiced["Chelsie"], sequential[0], "the default voice")  # Chelsie is the default
+    ethan = voiced["Ethan"]
+    assert ethan.stages["thinker"].token_ids == sequential[0].stages["thinker"].token_ids
+    assert not torch.equal(ethan.final.audio[:100], voiced["Chelsie"].final.audio[:100])
