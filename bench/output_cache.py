@@ -68,7 +68,10 @@ def gather_table(args) -> None:
 
 
 def write_cost(model_dir: str) -> None:
-    config = config_for_model(model_dir, {"stages.llm.engine": {"num_blocks": 512}})
+    # This stage keeps its hidden states as if another stage consumed them.
+    config = config_for_model(
+        model_dir, {"stages.llm.engine": {"num_blocks": 512, "outputs": ["hidden_states"]}}
+    )
     engine = StageEngine(config.stages[0])
     cache = engine.output_cache
     dim = engine.model.hidden_size
@@ -109,9 +112,8 @@ def end_to_end(model_dir: str, args) -> None:
     )
     medians = {}
     for cache_outputs in (False, True):
-        config = config_for_model(
-            model_dir, {"stages.llm.engine": {"cache_outputs": cache_outputs}}
-        )
+        engine_overrides = {"cache_outputs": cache_outputs, "outputs": ["hidden_states"]}
+        config = config_for_model(model_dir, {"stages.llm.engine": engine_overrides})
         engine = StageEngine(config.stages[0])
         params = SamplingParams(max_tokens=4, ignore_eos=True)
         engine.add_request(StageInput("warm", document + questions[0], params))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from omni.config import load_config
+from omni.config import StageConfig, load_config
 from omni.core.sampling_params import SamplingParams
 from omni.engine import StageEngine
 from omni.messages import StageInput
@@ -45,8 +46,17 @@ def transformers_greedy(
 
 
 def make_engine(model_dir: str, **engine: object) -> StageEngine:
+    """A one-stage engine that keeps every per-token output its model emits (outputs=None),
+    unless `outputs` is given: these tests look at the output cache."""
     config = load_config({"stages": [{"name": "llm", "model": model_dir, "engine": dict(engine)}]})
-    return StageEngine(config.stages[0])
+    return StageEngine(
+        all_outputs(config.stages[0]) if "outputs" not in engine else config.stages[0]
+    )
+
+
+def all_outputs(stage: StageConfig) -> StageConfig:
+    """The stage keeping every output its model emits (a final stage keeps none by default)."""
+    return dataclasses.replace(stage, engine=dataclasses.replace(stage.engine, outputs=None))
 
 
 def run_engine(

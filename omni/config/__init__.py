@@ -1,6 +1,7 @@
 """Stage configs: the schema (frozen dataclasses), raw loading and validation. Torch-free."""
 
 from omni.config.schema import (
+    DEFAULT_MAX_MODEL_LEN,
     STAGE_CONFIG_DIR,
     EngineConfig,
     OmniConfig,
@@ -13,6 +14,7 @@ from omni.config.schema import (
 from omni.config.validate import ConfigError, check_resources
 
 __all__ = [
+    "DEFAULT_MAX_MODEL_LEN",
     "STAGE_CONFIG_DIR",
     "ConfigError",
     "EngineConfig",

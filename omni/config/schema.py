@@ -12,6 +12,7 @@ and every path in a dict source or an override resolve against the current worki
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,14 +55,19 @@ class EngineConfig:
 
     block_size: int = 16
     """Tokens per KV cache block (also the prefix-caching granularity)."""
-    num_blocks: int = 1024
-    """KV cache blocks in this stage's pool; bounds the tokens resident at once."""
+    num_blocks: int | None = None
+    """KV cache blocks in this stage's pool (bounds the tokens resident at once); null means as
+    many as kv_cache_memory holds, at most enough for max_num_seqs sequences of max_model_len."""
+    kv_cache_memory: float = 0.1
+    """Memory for the KV and output caches when num_blocks is null: a share (0 < x <= 1) of the
+    memory available when the stage starts, or a number of bytes (> 1)."""
     max_num_seqs: int = 32
     """Most requests running in one step."""
     max_num_batched_tokens: int = 2048
     """Most tokens fed in one step; longer prompts are prefilled in chunks."""
-    max_model_len: int = 4096
-    """Longest sequence (prompt + generated tokens) a request may reach."""
+    max_model_len: int | None = None
+    """Longest sequence (prompt + generated tokens) a request may reach; null means the
+    checkpoint's max_position_embeddings (4096 when it has none)."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks of identical prompt prefixes across requests."""
     cache_outputs: bool | None = None
@@ -74,12 +80,19 @@ class EngineConfig:
     """Seed of this stage's generator for requests that bring no seed of their own."""
     num_threads: int | None = None
     """Torch threads in this stage; null means from resources.num_cpus."""
+    outputs: tuple[str, ...] | None = None
+    """Per-token outputs (e.g. hidden_states) this stage caches and returns: null means all
+    its adapter emits when another stage consumes it and none for the final stage; [] none."""
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             require(getattr(self, name) >= 1, self, name, "an integer >= 1")
-        require(self.max_model_len >= 1, self, "max_model_len", "an integer >= 1")
+        for name in ("num_blocks", "max_model_len"):
+            ok = getattr(self, name) is None or getattr(self, name) >= 1
+            require(ok, self, name, "an integer >= 1 or null")
+        ok = math.isfinite(self.kv_cache_memory) and self.kv_cache_memory > 0
+        require(ok, self, "kv_cache_memory", "a share in (0, 1] or a number of bytes > 1")
         require(self.hash_algo in HASH_ALGOS, self, "hash_algo", one_of(HASH_ALGOS))
         require(self.dtype in DTYPES, self, "dtype", one_of(DTYPES))
         require(self.seed >= 0, self, "seed", "an integer >= 0")
@@ -303,11 +316,47 @@ def load_config(
         runtime=build(RuntimeConfig, raw.get("runtime"), "runtime"),
         stages=tuple(build(StageConfig, s, stage_path(i, s)) for i, s in enumerate(stages)),
     )
+    model_configs: dict[str, dict[str, Any]] = {}
     if check_models:
         for stage in config.stages:
             model_config = read_model_config(stage.model, f"stages.{stage.name}.model")
             check_checkpoint(stage, model_config, STAGE_CONFIG_DIR)
-    return config
+            model_configs[stage.name] = model_config
+    return _with_defaults(config, model_configs)
+
+
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+def _with_defaults(config: OmniConfig, model_configs: dict[str, dict[str, Any]]) -> OmniConfig:
+    """Null engine settings that depend on the checkpoint or the stage graph, made concrete:
+    max_model_len from the checkpoint, outputs from whether another stage consumes them."""
+    stages = []
+    for stage in config.stages:
+        engine = stage.engine
+        if engine.max_model_len is None:
+            limit = _max_positions(model_configs.get(stage.name, {}))
+            engine = dataclasses.replace(engine, max_model_len=limit or DEFAULT_MAX_MODEL_LEN)
+        if engine.outputs is None:
+            consumed = bool(config.consumers(stage.name))
+            emits = get_adapter_spec(stage.adapter).emits if consumed else ()
+            engine = dataclasses.replace(engine, outputs=tuple(emits))
+        stages.append(dataclasses.replace(stage, engine=engine))
+    return dataclasses.replace(config, stages=tuple(stages))
+
+
+def _max_positions(model_config: Mapping[str, Any]) -> int | None:
+    """max_position_embeddings of a checkpoint's config.json (for a composite model, of its
+    text model: the first one found, top level first)."""
+    value = model_config.get("max_position_embeddings")
+    if type(value) is int and value >= 1:
+        return value
+    for sub_config in model_config.values():
+        if isinstance(sub_config, Mapping):
+            found = _max_positions(sub_config)
+            if found is not None:
+                return found
+    return None
 
 
 def config_for_model(
@@ -316,11 +365,8 @@ def config_for_model(
 ) -> OmniConfig:
     """The pipeline for a checkpoint directory: stage_configs/<model_type>.yaml (with variable
     MODEL=model_dir) when the checkpoint's config.json names a model_type that has such a file,
-    else a one-stage config (stage `llm`, adapter causal_lm) for a plain HF causal LM.
-
-    For the causal-LM fallback, max_model_len is capped at the checkpoint's
-    max_position_embeddings: longer sequences would run past the positions the model was built for.
-    """
+    else a one-stage config (stage `llm`, adapter causal_lm) for a plain HF causal LM, whose
+    max_model_len is the checkpoint's max_position_embeddings."""
     model_dir = os.path.abspath(os.path.expanduser(os.fspath(model_dir)))
     model_config = read_model_config(model_dir, "model")
     model_type = model_config.get("model_type")
@@ -328,8 +374,5 @@ def config_for_model(
         family = os.path.join(STAGE_CONFIG_DIR, f"{model_type}.yaml")
         if os.path.isfile(family):
             return load_config(family, overrides, {"MODEL": model_dir})
-    limit = model_config.get("max_position_embeddings")
     stage: dict[str, Any] = {"name": "llm", "model": model_dir, "adapter": "causal_lm"}
-    if type(limit) is int and 1 <= limit < EngineConfig().max_model_len:
-        stage["engine"] = {"max_model_len": limit}
     return load_config({"stages": [stage]}, overrides)

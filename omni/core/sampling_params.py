@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import SupportsIndex
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this (0 included) sample greedily, as in vLLM: logits divided by a tiny
+temperature overflow float32 (1e-40 made every row NaN, and argmax of NaN is token 0)."""
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one stage samples and when it stops for one request."""
+    """How one stage samples and when it stops for one request.
+
+    Every field is checked on construction: a wrong type or value is a ValueError naming the
+    field and the value ("SamplingParams.top_p must be ..., got '0.9' (str)"). A bool is never
+    taken for an integer, nor a string for a number; an integer is fine for a float field.
+    """
 
     max_tokens: int = 16
     """Maximum number of tokens to generate (>= 1)."""
     temperature: float = 0.0
-    """0 means greedy; otherwise logits are divided by it before sampling."""
+    """Finite, >= 0. Below 1e-5 (`GREEDY_BELOW`; 0 included) sampling is greedy (argmax);
+    otherwise logits are divided by it before sampling."""
     top_p: float = 1.0
     """Nucleus sampling mass in (0, 1]."""
     top_k: int = 0
@@ -20,39 +35,76 @@ class SamplingParams:
     seed: int | None = None
     """Per-request seed: the same seed gives the same tokens whatever else is in the batch."""
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
-    """Generation stops after any of these tokens (in addition to EOS)."""
+    """Generation stops after any of these tokens (in addition to EOS): a list or tuple of
+    non-negative integers."""
     ignore_eos: bool = False
     """Keep generating after the model's EOS token."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        _check(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
-            "max_tokens",
-            self.max_tokens,
-            "an integer >= 1",
-        )
-        _check(self.temperature >= 0, "temperature", self.temperature, ">= 0")
-        _check(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
-        _check(
-            isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k, "an integer >= 0"
-        )
-        _check(
-            self.seed is None or isinstance(self.seed, int), "seed", self.seed, "an integer or None"
-        )
-        for token_id in self.stop_token_ids:
-            _check(
-                isinstance(token_id, int) and token_id >= 0,
-                "stop_token_ids",
-                self.stop_token_ids,
-                "non-negative integers",
-            )
+        set_ = object.__setattr__
+        set_(self, "max_tokens", _integer("max_tokens", self.max_tokens, 1))
+        temperature = _number("temperature", self.temperature, lambda t: t >= 0, ">= 0")
+        set_(self, "temperature", temperature)
+        set_(self, "top_p", _number("top_p", self.top_p, lambda p: 0 < p <= 1, "in (0, 1]"))
+        set_(self, "top_k", _integer("top_k", self.top_k, 0))
+        if self.seed is not None:
+            set_(self, "seed", _integer("seed", self.seed, None, "an integer or None"))
+        set_(self, "stop_token_ids", _token_ids(self.stop_token_ids))
+        _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "True or False")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Argmax sampling: temperature below `GREEDY_BELOW` (0 included)."""
+        return self.temperature < GREEDY_BELOW
+
+
+def _integer(name: str, value: object, minimum: int | None, expected: str = "") -> int:
+    expected = expected or f"an integer >= {minimum}"
+    if isinstance(value, SupportsIndex) and not isinstance(value, bool):
+        try:
+            number = operator.index(value)
+        except TypeError:  # e.g. a numpy array that is not one integer
+            pass
+        else:
+            if minimum is None or number >= minimum:
+                return number
+    raise ValueError(f"SamplingParams.{name} must be {expected}, got {_show(value)}")
+
+
+def _number(name: str, value: object, ok: Callable[[float], bool], bounds: str) -> float:
+    """A finite float from an int or float (numpy scalars too); never a bool or a string."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number = float(value)
+        if math.isfinite(number) and ok(number):
+            return number
+    raise ValueError(f"SamplingParams.{name} must be a finite number {bounds}, got {_show(value)}")
+
+
+def _token_ids(value: object) -> tuple[int, ...]:
+    expected = "a list of non-negative integer token ids"
+    _check(isinstance(value, list | tuple), "stop_token_ids", value, expected)
+    assert isinstance(value, list | tuple)
+    ids = []
+    for index, token_id in enumerate(value):
+        try:
+            ids.append(_integer("stop_token_ids", token_id, 0))
+        except ValueError:
+            raise ValueError(
+                f"SamplingParams.stop_token_ids must be {expected}, got {_short(value)}: "
+                f"item {index} is {_show(token_id)}"
+            ) from None
+    return tuple(ids)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _show(value: object) -> str:
+    return f"{_short(value)} ({type(value).__name__})"
 
 
 def _check(ok: bool, name: str, value: object, expected: str) -> None:
     if not ok:
-        raise ValueError(f"SamplingParams.{name} must be {expected}, got {value!r}")
+        raise ValueError(f"SamplingParams.{name} must be {expected}, got {_show(value)}")

@@ -13,14 +13,15 @@ from typing import Any
 
 import torch
 
-from omni.config import StageConfig
+from omni.config import DEFAULT_MAX_MODEL_LEN, StageConfig
 from omni.core.kv_cache_manager import KVCacheManager
 from omni.core.request import Request, RequestStatus
 from omni.core.scheduler import Scheduler, SchedulerConfig
 from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
+from omni.engine.cache_sizing import bytes_per_block, num_kv_blocks
 from omni.engine.engine import DTYPES, run_until_done
 from omni.messages import EngineOutput, StageInput, StageResult, StageUpdate
-from omni.registry import get_adapter
+from omni.registry import get_adapter, get_adapter_spec
 from omni.runtime.model_runner import ModelRunner
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.stage_model import StageModel
@@ -36,31 +37,48 @@ class StageEngine:
         dtype = DTYPES[engine.dtype]
         self.model = model or get_adapter(config.adapter)(config.model, dtype=dtype)
         self.block_size = engine.block_size
+        self.max_model_len: int = engine.max_model_len or DEFAULT_MAX_MODEL_LEN
+        # None (a StageConfig outside an OmniConfig): every output the adapter emits.
+        outputs = engine.outputs
+        emits = get_adapter_spec(config.adapter).emits if outputs is None else outputs
+        block_bytes = bytes_per_block(
+            config,
+            num_layers=self.model.num_layers,
+            num_kv_heads=self.model.num_kv_heads,
+            head_dim=self.model.head_dim,
+            hidden_size=self.model.hidden_size,
+            num_outputs=len(emits),
+            itemsize=torch.finfo(dtype).bits // 8,
+        )
+        self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len)
         self.kv = KVCacheManager(
-            engine.num_blocks,
+            self.num_blocks,
             engine.block_size,
             enable_caching=engine.enable_prefix_caching,
             hash_algo=engine.hash_algo,
         )
-        self.output_cache = OutputCache(engine.num_blocks, engine.block_size, dtype)
-        self.output_cache.allocate("hidden_states", (self.model.hidden_size,))
+        self.output_cache: OutputCache | None = None
+        if outputs != ():
+            keep = None if outputs is None else frozenset(outputs)
+            self.output_cache = OutputCache(self.num_blocks, engine.block_size, dtype, keep)
+            if keep is None or "hidden_states" in keep:
+                self.output_cache.allocate("hidden_states", (self.model.hidden_size,))
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                engine.max_num_seqs, engine.max_num_batched_tokens, engine.max_model_len
-            ),
+            SchedulerConfig(engine.max_num_seqs, engine.max_num_batched_tokens, self.max_model_len),
             self.kv,
             hit_filter=self._usable_hits if engine.enable_prefix_caching else None,
         )
         self.runner = ModelRunner(
             self.model,
-            num_blocks=engine.num_blocks,
+            num_blocks=self.num_blocks,
             block_size=engine.block_size,
             output_cache=self.output_cache,
             seed=engine.seed,
         )
         self.runner.warm_up()  # outputs it discovers belong to step 0, before any request
         self.num_steps = 0
-        self.output_cache.step = 1  # the number of the step about to run
+        if self.output_cache is not None:
+            self.output_cache.step = 1  # the number of the step about to run
         self._arrival: dict[str, float] = {}
         self._admitted_step: dict[str, int] = {}
 
@@ -87,12 +105,11 @@ class StageEngine:
         self._arrival[request.request_id] = time.perf_counter()
 
     def _validate(self, request: Request) -> None:
-        engine = self.config.engine
         rid = request.request_id
-        if request.num_prompt_tokens > engine.max_model_len:
+        if request.num_prompt_tokens > self.max_model_len:
             raise ValueError(
                 f"request {rid!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
-                f"max_model_len={engine.max_model_len}"
+                f"max_model_len={self.max_model_len}"
             )
         bad = [t for t in request.prompt_token_ids if t >= self.model.vocab_size]
         if bad:
@@ -101,13 +118,13 @@ class StageEngine:
                 f"{self.model.vocab_size} (stage {self.name!r})"
             )
         longest = min(
-            engine.max_model_len, request.num_prompt_tokens + request.sampling_params.max_tokens
+            self.max_model_len, request.num_prompt_tokens + request.sampling_params.max_tokens
         )
-        num_blocks_needed = -(-longest // engine.block_size)
-        if num_blocks_needed > engine.num_blocks:
+        num_blocks_needed = -(-longest // self.block_size)
+        if num_blocks_needed > self.num_blocks:
             raise ValueError(
                 f"request {rid!r}: up to {longest} tokens need {num_blocks_needed} blocks, but "
-                f"stage {self.name!r} has num_blocks={engine.num_blocks}"
+                f"stage {self.name!r} has num_blocks={self.num_blocks}"
             )
         if rid in self.scheduler.requests:
             raise ValueError(f"request_id {rid!r} is already in stage {self.name!r}")
@@ -147,7 +164,8 @@ class StageEngine:
         self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
     ) -> EngineOutput:
         self.num_steps += 1
-        self.output_cache.step = self.num_steps + 1
+        if self.output_cache is not None:
+            self.output_cache.step = self.num_steps + 1
         for entry in scheduler_output.scheduled:
             if entry.is_new:
                 self._admitted_step[entry.request_id] = self.num_steps
@@ -178,6 +196,8 @@ class StageEngine:
 
     # ---- output rows --------------------------------------------------------------------------
     def _usable_hits(self, hit_block_ids: list[int], pending: set[int]) -> int:
+        if self.output_cache is None:
+            return len(hit_block_ids)  # no outputs kept: the KV is all a hit needs
         if not self.config.engine.outputs_cached:
             return 0  # rows are never served across requests: recompute the prefix
         versions = [self.kv.block_version(b) for b in hit_block_ids]
@@ -188,6 +208,8 @@ class StageEngine:
         return num_usable
 
     def _mark_rows_complete(self, scheduler_output: SchedulerOutput) -> None:
+        if self.output_cache is None:
+            return
         completed = []
         for entry in scheduler_output.scheduled:
             first = entry.num_computed_tokens // self.block_size
@@ -198,13 +220,16 @@ class StageEngine:
         self.output_cache.mark_complete(completed, versions)
 
     def _gather(self, request: Request) -> dict[str, torch.Tensor]:
+        admitted_step = self._admitted_step.pop(request.request_id)
+        if self.output_cache is None:
+            return {}
         # Every token but the last generated one was fed through the model.
         num_rows = request.num_tokens - 1
         block_ids = self.kv.get_block_ids(request.request_id)
         return self.output_cache.gather(
             block_ids,
             num_rows,
-            admitted_step=self._admitted_step.pop(request.request_id),
+            admitted_step=admitted_step,
             num_hit_rows=max(request.num_cached_tokens, 0),
         )
 
@@ -230,5 +255,6 @@ class StageEngine:
             "kv_blocks_in_use": self.kv.num_blocks - self.kv.num_free_blocks,
             "preemptions": self.scheduler.num_preemptions,
             "rows_recomputed": self.scheduler.num_hit_blocks_refused * self.block_size,
-            **self.output_cache.stats(),
+            "num_blocks": self.num_blocks,
+            **(self.output_cache.stats() if self.output_cache is not None else {}),
         }

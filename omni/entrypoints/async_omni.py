@@ -23,7 +23,7 @@ from typing import Any
 from omni.config import OmniConfig, config_for_model, load_config
 from omni.core.sampling_params import SamplingParams
 from omni.driver import PipelineDriver
-from omni.entrypoints.prompt_processor import PromptProcessor
+from omni.entrypoints.prompt_processor import PromptProcessor, load_tokenizer
 from omni.messages import OmniOutput, PromptInput
 from omni.registry import get_prompt_processor, produces_text
 
@@ -113,6 +113,11 @@ class AsyncOmni:
         with self._tokenizer_lock:
             return self.prompt_processor(request_id, prompt)
 
+    def tokenize(self, text: str) -> list[int]:
+        """`text` in the root stage's vocabulary (no special tokens added), thread-safe."""
+        with self._tokenizer_lock:
+            return list(self.prompt_processor.tokenizer.encode(text, add_special_tokens=False))
+
     def stage_params(self, params: StageParams) -> dict[str, SamplingParams]:
         """Per-stage SamplingParams: the stages' defaults, one for all, or one per stage."""
         stages = self.config.stages
@@ -120,15 +125,19 @@ class AsyncOmni:
             return {s.name: s.sampling for s in stages}
         if isinstance(params, SamplingParams):
             return {s.name: params for s in stages}
-        per_stage: list[Any] = list(params) if isinstance(params, list | tuple) else [params]
-        if len(per_stage) != len(stages) or not all(
-            isinstance(p, SamplingParams) for p in per_stage
-        ):
-            raise ValueError(
-                f"sampling_params must be one SamplingParams or a list of {len(stages)} "
-                f"(one per stage: {[s.name for s in stages]}), got {params!r}"
-            )
-        return {s.name: p for s, p in zip(stages, per_stage, strict=True)}
+        expected = (
+            f"sampling_params must be one SamplingParams or a list of {len(stages)} "
+            f"(one per stage: {[s.name for s in stages]})"
+        )
+        # Only a list or tuple is taken apart: a str (or any other iterable) is one bad value.
+        if not isinstance(params, list | tuple):
+            raise ValueError(f"{expected}, got {_show(params)}")
+        if len(params) != len(stages):
+            raise ValueError(f"{expected}, got a {type(params).__name__} of {len(params)}")
+        for index, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"{expected}, got {_show(p)} at index {index}")
+        return {s.name: p for s, p in zip(stages, params, strict=True)}
 
     # ---- the pipeline -------------------------------------------------------------------------
     @property
@@ -184,16 +193,23 @@ class AsyncOmni:
         if not produces_text(self.config.stage(stage).adapter):
             return None
         with self._tokenizer_lock:
-            if stage not in self._tokenizers:
-                from transformers import AutoTokenizer
-
+            if stage not in self._tokenizers:  # the root's is the prompt processor's (or None)
                 try:
-                    tokenizer = AutoTokenizer.from_pretrained(self.config.stage(stage).model)
+                    tokenizer = load_tokenizer(self.config.stage(stage).model)
                 except (OSError, ValueError, KeyError):
                     tokenizer = None  # e.g. a vocoder or codec stage
                 self._tokenizers[stage] = tokenizer
             tokenizer = self._tokenizers[stage]
-            return tokenizer.decode(token_ids, skip_special_tokens=True) if tokenizer else None
+            if tokenizer is None:  # no tokenizer files: token ids only, no text
+                return None
+            return tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def _show(value: object) -> str:
+    """repr (cut at 80 characters) and type, for error messages."""
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return f"{text} ({type(value).__name__})"
 
 
 class _RequestStream:

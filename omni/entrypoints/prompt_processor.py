@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import operator
+import os
+import re
 from typing import Any
 
 from omni.messages import PromptInput
@@ -29,13 +31,45 @@ def _checked_token_ids(request_id: str, token_ids: Any) -> list[int]:
     return checked
 
 
+# What transformers reads a tokenizer from (tokenizer.json, tokenizer_config.json, tokenizer.model,
+# vocab.json + merges.txt, vocab.txt, spiece.model, *.tiktoken, tekken.json, ...).
+_TOKENIZER_FILE = re.compile(
+    r"(tokenizer.*|vocab.*|merges\.txt|special_tokens_map\.json|added_tokens\.json"
+    r"|.*\.tiktoken|tekken\.json|spiece\.model|sentencepiece.*\.model|spm.*\.model)",
+    re.IGNORECASE,
+)
+
+
+def has_tokenizer_files(model_dir: str) -> bool:
+    """Whether a checkpoint directory holds any tokenizer file (True for a non-directory: a hub
+    name is left to transformers)."""
+    if not os.path.isdir(model_dir):
+        return True
+    return any(_TOKENIZER_FILE.fullmatch(name) for name in os.listdir(model_dir))
+
+
+def load_tokenizer(model_dir: str) -> Any | None:
+    """The checkpoint's tokenizer, or None when the directory has no tokenizer files.
+
+    Checked before loading: transformers 5 does not fail on such a directory but builds an empty
+    tokenizer that encodes every text to [] and decodes every token to ''. A directory that has
+    tokenizer files but cannot be loaded still raises transformers' error.
+    """
+    if not has_tokenizer_files(model_dir):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
 class PromptProcessor:
     """Tokenizes text prompts with the root stage's tokenizer. Multimodal families subclass it."""
 
     def __init__(self, model_dir: str) -> None:
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model_dir = model_dir
+        self.tokenizer: Any = load_tokenizer(model_dir)
+        """The root stage's tokenizer; None for a checkpoint without tokenizer files, which
+        serves prompt_token_ids only (vLLM's skip_tokenizer_init)."""
         self.voices: list[str] = []
         """Speakers a prompt may pick with its "speaker" key (none for text-only pipelines)."""
 
@@ -67,6 +101,11 @@ class PromptProcessor:
             if not isinstance(text, str) or not text:
                 raise ValueError(
                     f"prompt {request_id!r}: 'prompt' must be a non-empty string, got {text!r}"
+                )
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"prompt {request_id!r}: this model has no tokenizer (no tokenizer files in "
+                    f"{self.model_dir}): give prompt_token_ids"
                 )
             token_ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:

@@ -24,7 +24,15 @@ logger = logging.getLogger(__name__)
 
 
 class OutputCache:
-    def __init__(self, num_blocks: int, block_size: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        keep: frozenset[str] | None = None,
+    ) -> None:
+        """keep: the only output names cached (None: every per-token output discovered)."""
+        self.keep = keep
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
@@ -73,6 +81,8 @@ class OutputCache:
             per_token = (
                 isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == num_tokens
             )
+            if self.keep is not None and name not in self.keep:
+                continue  # not asked for: neither cached nor returned
             if name in self.caches:
                 if not per_token:
                     raise RuntimeError(

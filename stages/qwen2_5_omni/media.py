@@ -102,7 +102,8 @@ def image_identifier(image: Image.Image) -> str:
 
 
 def load_audio(item: object, max_seconds: float) -> np.ndarray:
-    """A mono float32 waveform at 16 kHz from a WAV path, WAV bytes or (waveform, sample_rate).
+    """A mono float32 waveform at 16 kHz from a WAV path, WAV bytes or (waveform, sample_rate);
+    sample_rate in Hz, an integer or an integral float (16000.0).
 
     Other sample rates are resampled by linear interpolation (numpy only): good enough for
     speech into a 16 kHz mel front end; resample with a proper filter beforehand for music.
@@ -111,7 +112,11 @@ def load_audio(item: object, max_seconds: float) -> np.ndarray:
         waveform, rate = _read_wav(item)
     elif isinstance(item, tuple) and len(item) == 2:
         waveform, rate = item
-        if isinstance(rate, bool) or not isinstance(rate, int | np.integer):
+        # An integral float (16000.0, e.g. from soundfile or a division) is that integer.
+        integral = isinstance(rate, int | np.integer) or (
+            isinstance(rate, float | np.floating) and float(rate).is_integer()
+        )
+        if isinstance(rate, bool) or not integral:
             raise ValueError(f"sample rate must be an integer, got {rate!r}")
         try:
             waveform = np.asarray(waveform, dtype=np.float64)

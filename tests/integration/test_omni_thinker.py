@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import all_outputs
 from PIL import Image
 
 from omni.config import load_config
@@ -54,7 +55,9 @@ def oracle(omni_dir):
 def _engine(omni_dir: str, **engine) -> StageEngine:
     engine = {"block_size": 8, "num_blocks": 96, **engine}
     stage = {"name": "thinker", "model": omni_dir, "adapter": "qwen2_5_omni_thinker"}
-    return StageEngine(load_config({"stages": [{**stage, "engine": engine}]}).stages[0])
+    return StageEngine(
+        all_outputs(load_config({"stages": [{**stage, "engine": engine}]}).stages[0])
+    )
 
 
 def _image(seed: int = 0) -> Image.Image:

@@ -73,8 +73,10 @@ def test_defaults(model):
     assert config.runtime.backend == "ray" and config.runtime.request_timeout_s == 600.0
     a = config.stage("a")
     assert (a.kind, a.adapter, a.inputs, a.input_processor) == ("ar", "causal_lm", (), None)
-    assert a.engine == EngineConfig()
-    assert (a.engine.block_size, a.engine.num_blocks, a.engine.max_model_len) == (16, 1024, 4096)
+    # Resolved by load_config: the checkpoint has no max_position_embeddings, and a final stage
+    # keeps no per-token outputs unless asked.
+    assert a.engine == dataclasses.replace(EngineConfig(), max_model_len=4096, outputs=())
+    assert (a.engine.block_size, a.engine.num_blocks, a.engine.kv_cache_memory) == (16, None, 0.1)
     assert a.engine.hash_algo == "xxhash" and a.engine.dtype == "float32"
     assert a.engine.outputs_cached and a.num_threads == 1
     assert a.resources == ResourcesConfig(num_cpus=1.0, num_gpus=0.0, custom={})
@@ -357,7 +359,7 @@ def test_config_for_model(tmp_path):
     assert (only.name, only.model, only.adapter, only.inputs) == ("llm", model, "causal_lm", ())
     assert only.engine.max_model_len == 512
     big = make_model(tmp_path / "big", {"max_position_embeddings": 32768})
-    assert config_for_model(big).stage("llm").engine.max_model_len == 4096
+    assert config_for_model(big).stage("llm").engine.max_model_len == 32768  # not capped
     tuned = config_for_model(big, ["stages.llm.engine.num_blocks=64"])
     assert tuned.stage("llm").engine.num_blocks == 64
     with pytest.raises(ValueError, match="no config.json"):
@@ -536,3 +538,18 @@ def test_registered_adapter_spec_is_honoured(tmp_path, model):
         for name in ("test_vocoder", "test_lm"):
             ADAPTERS.pop(name, None)
             ADAPTER_SPECS.pop(name, None)
+
+
+def test_outputs_default_to_what_consumers_need(model, join_processor):
+    two = {
+        "stages": [
+            {"name": "a", "model": model},
+            {"name": "b", "model": model, "inputs": ["a"], "input_processor": "join"},
+        ]
+    }
+    config = load_config(two)
+    assert config.stage("a").engine.outputs == ("hidden_states",)  # b consumes a
+    assert config.stage("b").engine.outputs == ()  # the final stage keeps none unless asked
+    asked = load_config(two, {"stages.b.engine.outputs": ["hidden_states"]})
+    assert asked.stage("b").engine.outputs == ("hidden_states",)
+    error_of(one(model, engine={"kv_cache_memory": 0}), "engine.kv_cache_memory", "got 0")

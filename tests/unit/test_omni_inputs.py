@@ -103,6 +103,19 @@ def test_audio_forms_and_resampling(proc, tmp_path):
     assert resampled.shape == (16000,) and resampled.dtype == np.float32
 
 
+def test_integral_float_sample_rate_is_accepted(proc):
+    """(waveform, 16000.0), e.g. a rate computed by a division, is the same audio as 16000."""
+    samples = _tone() / 32768.0
+    expected = proc("r", {"prompt": "x", "audio": [(samples, 16000)]})
+    for rate in (16000.0, np.float64(16000.0), np.float32(16000.0)):
+        got = proc("r", {"prompt": "x", "audio": [(samples, rate)]})
+        assert got.mm_inputs[0].identifier == expected.mm_inputs[0].identifier, rate
+        assert got.prompt_token_ids == expected.prompt_token_ids
+    # Resampled the same way as the integer rate.
+    as_float = media.load_audio((np.zeros(8000), 8000.0), 30)
+    assert np.array_equal(as_float, media.load_audio((np.zeros(8000), 8000), 30))
+
+
 # ---- placement -----------------------------------------------------------------------------------
 def test_chat_turn_frames_items_and_ranges(proc):
     out = proc(
@@ -167,7 +180,12 @@ def _bad_cases(tmp_path):
         ({"images": [good, 42]}, "images[1]", "expected an image"),
         ({"audio": [tone, (np.zeros(0), 16000)]}, "audio[1]", "empty"),
         ({"audio": [tone, (np.zeros(100), 0)]}, "audio[1]", "too low"),
-        ({"audio": [tone, (np.zeros(100), 16000.0)]}, "audio[1]", "integer"),
+        ({"audio": [tone, (np.zeros(100), 16000.5)]}, "audio[1]", "integer, got 16000.5"),
+        ({"audio": [tone, (np.zeros(100), float("nan"))]}, "audio[1]", "integer, got nan"),
+        ({"audio": [tone, (np.zeros(100), "16000")]}, "audio[1]", "integer, got '16000'"),
+        ({"audio": [tone, (np.zeros(100), True)]}, "audio[1]", "integer, got True"),
+        ({"audio": [tone, (np.zeros(100), -16000.0)]}, "audio[1]", "-16000 Hz is too low"),
+        ({"audio": [tone, (np.zeros(100), 0.0)]}, "audio[1]", "0 Hz is too low"),
         ({"audio": [tone, (np.zeros((2, 100)), 16000)]}, "audio[1]", "1-D"),
         ({"audio": [tone, (np.full(100, np.nan), 16000)]}, "audio[1]", "NaN"),
         ({"audio": [tone, (np.zeros(31 * 16000), 16000)]}, "audio[1]", "longer than"),

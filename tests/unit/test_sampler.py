@@ -16,6 +16,21 @@ def test_greedy_is_argmax():
     assert Sampler()(x, [SamplingParams()] * 4, [0] * 4) == x.argmax(-1).tolist()
 
 
+def test_tiny_temperature_is_greedy():
+    """1e-40 used to divide the logits into inf/NaN, and argmax over NaN gave token 0 each step."""
+    x = logits(rows=6)
+    assert x.argmax(-1).tolist() != [0] * 6
+    for temperature in (1e-40, 1e-30, 1e-6, 9.9e-6):
+        params = [SamplingParams(temperature=temperature, top_k=5, top_p=0.9, seed=3)] * 3
+        params += [SamplingParams(temperature=temperature)] * 3
+        got = Sampler()(x, params, list(range(6)))
+        assert got == x.argmax(-1).tolist(), temperature
+    # Mixed with sampled rows in one batch: the tiny-temperature rows stay the argmax.
+    mixed = [SamplingParams(temperature=1e-40), SamplingParams(temperature=1.0, seed=1)] * 3
+    got = Sampler()(x, mixed, [0] * 6)
+    assert got[0::2] == x.argmax(-1)[0::2].tolist()
+
+
 def test_seeded_row_is_independent_of_the_batch():
     x = logits(rows=6)
     seeded = SamplingParams(temperature=1.0, seed=1234)
