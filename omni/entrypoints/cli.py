@@ -3,21 +3,26 @@
     omni run CONFIG --prompt TEXT [--image PATH ...] [--set KEY=VALUE ...] [--var NAME=VALUE ...]
              [--model DIR] [--max-tokens N] [--output-wav PATH]
     omni validate CONFIG [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--model DIR]
+    omni serve [CONFIG] [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
+               [--api-key KEY] [--set ...] [--var ...] [--allowed-local-media-path DIR]
+               [--allow-remote-media]
 
 `--model DIR` is `--var MODEL=DIR` (configs say `model: ${MODEL}/thinker`). `--set` overrides any
 config key by its path, stages by name: `--set stages.thinker.engine.num_blocks=512`
 (values parse as YAML). `validate` is torch-free (only omni.config) and exits with status 2 and
-the message on a bad config; `run` does the same before loading any model.
+the message on a bad config; `run` and `serve` do the same before loading any model. `serve`
+takes CONFIG or only `--model DIR` (stage_configs/<model_type>.yaml, or a one-stage causal LM).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from omni.config import ConfigError, OmniConfig, load_config
+from omni.config import ConfigError, OmniConfig, config_for_model, load_config
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -27,8 +32,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omni", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def config_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("config", help="stage-config YAML file")
+    def config_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+        if optional:
+            p.add_argument(
+                "config", nargs="?", help="stage-config YAML file (default: from --model)"
+            )
+        else:
+            p.add_argument("config", help="stage-config YAML file")
         p.add_argument(
             "--set",
             dest="overrides",
@@ -66,6 +76,23 @@ def _parser() -> argparse.ArgumentParser:
 
     validate = commands.add_parser("validate", help="check a config and print its stage graph")
     config_args(validate)
+
+    serve = commands.add_parser("serve", help="serve the pipeline over an OpenAI-compatible API")
+    config_args(serve, optional=True)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument(
+        "--served-model-name", metavar="NAME", help="the `model` clients name (default: --model)"
+    )
+    serve.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY`")
+    serve.add_argument(
+        "--allowed-local-media-path",
+        metavar="DIR",
+        help="image/audio URLs may name local files under DIR",
+    )
+    serve.add_argument(
+        "--allow-remote-media", action="store_true", help="fetch http(s) image/audio URLs"
+    )
     return parser
 
 
@@ -79,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "validate":
         print(summary(config))
         return 0
+    if args.command == "serve":
+        return _serve(args, config)
     return _run(args, config)
 
 
@@ -95,6 +124,10 @@ def _load(args: argparse.Namespace) -> OmniConfig:
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+    if args.config is None:
+        if args.model is None:
+            raise ConfigError("give a stage-config file or --model DIR")
+        return config_for_model(args.model, overrides)
     if getattr(args, "max_tokens", None) is not None:
         # Stage names are only known after a first load; the override then covers every stage.
         names = load_config(args.config, overrides, variables).stage_names
@@ -172,6 +205,35 @@ def _run(args: argparse.Namespace, config: OmniConfig) -> int:
         write_wav(args.output_wav, final.audio, final.sample_rate)
         print(f"wrote {args.output_wav}")
     return 0
+
+
+def _serve(args: argparse.Namespace, config: OmniConfig) -> int:
+    from omni.entrypoints.async_omni import AsyncOmni
+    from omni.entrypoints.openai.args import ServerArgs
+    from omni.entrypoints.openai.server import run_server
+
+    if args.port < 0 or args.port > 65535:
+        print(f"omni: --port must be in 0..65535, got {args.port}", file=sys.stderr)
+        return EXIT_CONFIG
+    media = args.allowed_local_media_path
+    if media is not None and not os.path.isdir(media):
+        print(f"omni: --allowed-local-media-path {media!r} is not a directory", file=sys.stderr)
+        return EXIT_CONFIG
+    name = args.served_model_name or args.model or config.root_stages[0].model
+    server_args = ServerArgs(
+        model_name=name,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        allowed_local_media_path=media,
+        allow_remote_media=args.allow_remote_media,
+    )
+    try:
+        engine = AsyncOmni(config)
+    except ConfigError as e:  # e.g. the stages do not fit the Ray cluster's resources
+        print(f"omni: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    return run_server(engine, server_args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,18 @@
+"""`omni serve`: an OpenAI-compatible HTTP server on top of AsyncOmni.
+
+    build_app(engine, ServerArgs(...))  -> a FastAPI app (tests and embedding)
+    run_server(config, ServerArgs(...)) -> loads the pipeline, serves until SIGINT/SIGTERM
+
+Modules by concern: `protocol` (request models), `errors` (every exception -> OpenAI's error
+body), `media` (image/audio parts -> prompt items, with the local/remote media policy),
+`prompts` (chat messages -> prompt text), `sampling` (request fields -> per-stage
+SamplingParams), `chat`, `completions`, `speech` (the endpoints), `streaming` (SSE and
+disconnect handling), `audio_encoding` (wav/pcm16 bytes), `metrics` (Prometheus), `app`
+(routes, auth, body limit), `server` (uvicorn, signals, the ready line).
+"""
+
+from __future__ import annotations
+
+from omni.entrypoints.openai.args import ServerArgs
+
+__all__ = ["ServerArgs"]

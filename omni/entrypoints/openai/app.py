@@ -1,0 +1,177 @@
+"""build_app(engine, args): the FastAPI app. Routes, bearer-key auth on /v1, the body size limit,
+strict JSON parsing into the protocol models, and every error in OpenAI's shape."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from omni.entrypoints.openai import chat, completions, speech
+from omni.entrypoints.openai.args import ServerArgs
+from omni.entrypoints.openai.context import Context
+from omni.entrypoints.openai.errors import (
+    OpenAIError,
+    bad_request,
+    from_exception,
+    from_validation_error,
+)
+from omni.entrypoints.openai.metrics import ENDPOINTS, ServerMetrics
+from omni.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, SpeechRequest
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def build_app(engine: Any, args: ServerArgs) -> FastAPI:
+    app = FastAPI(title="omni", docs_url=None, redoc_url=None, openapi_url=None)
+    ctx = Context(engine, args, ServerMetrics(engine))
+    app.state.omni = ctx
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return OpenAIError(exc.status_code, str(exc.detail), code="not_found").response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return from_validation_error(list(exc.errors())).response()
+
+    @app.exception_handler(Exception)
+    async def _any_error(request: Request, exc: Exception) -> Response:
+        return from_exception(exc).response()
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            await engine.check_health()
+        except RuntimeError as e:
+            return OpenAIError(503, f"unhealthy: {e}", code="stage_unavailable").response()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(await ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        _auth(request, args)
+        return JSONResponse({"object": "list", "data": [_model_card(ctx)]})
+
+    @app.get("/v1/models/{model:path}")
+    async def model(request: Request, model: str) -> Response:
+        _auth(request, args)
+        ctx.check_model(model)
+        return JSONResponse(_model_card(ctx))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        _auth(request, args)
+        return await chat.create(ctx, request, await _parse(request, ChatCompletionRequest, args))
+
+    @app.post("/v1/completions")
+    async def text_completions(request: Request) -> Response:
+        _auth(request, args)
+        return await completions.create(
+            ctx, request, await _parse(request, CompletionRequest, args)
+        )
+
+    @app.post("/v1/audio/speech")
+    async def audio_speech(request: Request) -> Response:
+        _auth(request, args)
+        return await speech.create(ctx, request, await _parse(request, SpeechRequest, args))
+
+    app.add_middleware(_CountRequests, metrics=ctx.metrics)
+    return app
+
+
+def _model_card(ctx: Context) -> dict[str, Any]:
+    return {
+        "id": ctx.args.model_name,
+        "object": "model",
+        "created": ctx.created,
+        "owned_by": "omni",
+    }
+
+
+def _auth(request: Request, args: ServerArgs) -> None:
+    if args.api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or key.strip() != args.api_key:
+        raise OpenAIError(
+            401,
+            "Incorrect API key provided" if header else "Missing bearer key (Authorization header)",
+            code="invalid_api_key",
+        )
+
+
+async def _parse(request: Request, model: type[M], args: ServerArgs) -> M:
+    """The JSON body as `model`: 413 over the size limit, 400 for bad JSON or a bad field."""
+    limit = args.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise _too_large(len(body), limit)
+    if not body:
+        raise bad_request("the request body is empty; expected a JSON object", None)
+    try:
+        return model.model_validate_json(bytes(body))
+    except ValidationError as e:
+        errors = e.errors()
+        if errors and errors[0].get("type") == "json_invalid":
+            raise bad_request(
+                f"the request body is not valid JSON: {errors[0].get('msg')}", None, "invalid_json"
+            ) from None
+        raise from_validation_error(list(errors)) from None
+
+
+def _too_large(size: int, limit: int) -> OpenAIError:
+    return OpenAIError(
+        413,
+        f"the request body ({size} bytes or more) is over the limit of {limit} bytes",
+        code="request_too_large",
+    )
+
+
+class _CountRequests:
+    """Pure ASGI (streaming and disconnects pass through untouched): counts each request by
+    endpoint, and each error status."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path not in ENDPOINTS:
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.requests.labels(path).inc()
+            if status >= 400:
+                self.metrics.errors.labels(path, str(status)).inc()

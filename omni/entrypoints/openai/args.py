@@ -1,0 +1,24 @@
+"""Settings of one server (from the `omni serve` command line)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    model_name: str
+    """The name clients pass as `model` (--served-model-name; default: the model directory)."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    """When set, every /v1 request needs `Authorization: Bearer <api_key>`."""
+    allowed_local_media_path: str | None = None
+    """Image/audio URLs may name local files under this directory (file:// or a plain path)."""
+    allow_remote_media: bool = False
+    """Fetch http(s) media URLs (timeout and size limit below); rejected otherwise."""
+    max_body_bytes: int = MAX_BODY_BYTES
+    media_timeout_s: float = 10.0
+    max_media_bytes: int = 20 * 1024 * 1024

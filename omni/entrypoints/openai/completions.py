@@ -1,0 +1,132 @@
+"""POST /v1/completions: one prompt (text or token ids) through the pipeline up to its last text
+stage; the text stage's text back, whole or streamed (`text_completion` chunks)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import Request
+
+from omni.entrypoints.openai import sampling, streaming
+from omni.entrypoints.openai.context import Context, new_id
+from omni.entrypoints.openai.errors import bad_request, from_exception
+from omni.entrypoints.openai.protocol import CompletionRequest
+from omni.messages import OmniOutput
+
+ENDPOINT = "/v1/completions"
+
+
+def _prompt(body: CompletionRequest) -> dict[str, Any]:
+    prompt: Any = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise bad_request(
+                f"prompt: one prompt per request is supported, got {len(prompt)}",
+                "prompt",
+                "unsupported_value",
+            )
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("prompt: must be a non-empty string, got ''", "prompt")
+        out: dict[str, Any] = {"prompt": prompt}
+    else:
+        if not prompt:
+            raise bad_request("prompt: the token id list is empty", "prompt")
+        out = {"prompt_token_ids": list(prompt)}
+    if body.cache_salt is not None:
+        out["cache_salt"] = body.cache_salt
+    return out
+
+
+async def create(ctx: Context, request: Request, body: CompletionRequest) -> Response:
+    ctx.check_model(body.model)
+    for name, value, ok in (
+        ("n", body.n, body.n in (None, 1)),
+        ("echo", body.echo, not body.echo),
+        ("suffix", body.suffix, body.suffix is None),
+        ("logprobs", body.logprobs, body.logprobs is None),
+    ):
+        if not ok:
+            raise bad_request(f"{name}: {value!r} is not supported", name, "unsupported_value")
+    text_stage = ctx.text_stage()
+    plan = sampling.plan(
+        ctx.engine,
+        text_stage,
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop,
+        stage_sampling=body.stage_sampling,
+    )
+    request_id = new_id("cmpl")
+    prepared = await streaming.prepare(ctx.engine, _prompt(body), request_id)
+    view = streaming.TextView(text_stage, plan.stop_strings)
+    timer = ctx.metrics.timer(ENDPOINT)
+    created = int(time.time())
+    outputs = ctx.engine.run(
+        prepared, plan.params, final_stage=text_stage, stream_steps=bool(body.stream)
+    )
+
+    def chunk(text: str, finish: str | None, **extra: Any) -> dict[str, Any]:
+        choices = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
+        return {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": ctx.args.model_name,
+            "choices": choices if text is not None else [],
+            **extra,
+        }
+
+    async def events() -> AsyncIterator[bytes]:
+        last, ok = None, False
+        try:
+            async with contextlib.aclosing(outputs) as snapshots:
+                async for last in snapshots:
+                    timer.output()
+                    delta = view.delta(last)
+                    if delta:
+                        timer.first_token()
+                        yield streaming.sse(chunk(delta, None))
+            try:
+                out = streaming.check(last)
+            except Exception as e:  # noqa: BLE001 - reported in the stream, the status is sent
+                yield streaming.sse(from_exception(e).body())
+                yield streaming.DONE
+                return
+            ok = True
+            yield streaming.sse(chunk("", streaming.finish_reason(out, text_stage)))
+            if body.stream_options is not None and body.stream_options.include_usage:
+                usage = streaming.usage(ctx.engine, out, text_stage)
+                yield streaming.sse({**chunk("", None), "choices": [], "usage": usage})
+            yield streaming.DONE
+        finally:
+            timer.done(ok=ok)
+
+    if body.stream:
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def collect() -> OmniOutput:
+        last = None
+        try:
+            async with contextlib.aclosing(outputs) as snapshots:
+                async for out in snapshots:
+                    last = out
+                    timer.output()
+        finally:
+            timer.done(ok=last is not None and last.error is None)
+        return streaming.check(last)
+
+    try:
+        out = await streaming.until_disconnected(request, collect())
+    except streaming.ClientGone:
+        return Response(status_code=499)
+    response = chunk(view.text(out), streaming.finish_reason(out, text_stage))
+    response["usage"] = streaming.usage(ctx.engine, out, text_stage)
+    return JSONResponse(response)

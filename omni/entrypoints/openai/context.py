@@ -1,0 +1,60 @@
+"""What every endpoint needs: the engine, the server's settings and metrics, and the checks
+that depend on them (model name, voices, audio)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni.entrypoints.openai.args import ServerArgs
+from omni.entrypoints.openai.errors import OpenAIError, bad_request
+from omni.entrypoints.openai.metrics import ServerMetrics
+from omni.entrypoints.openai.protocol import VoiceId
+
+
+@dataclass
+class Context:
+    engine: Any  # AsyncOmni (or anything with its interface)
+    args: ServerArgs
+    metrics: ServerMetrics
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_model(self, model: str) -> None:
+        if model != self.args.model_name:
+            raise OpenAIError(
+                404,
+                f"The model {model!r} does not exist; this server serves {self.args.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def text_stage(self, param: str = "model") -> str:
+        stage = self.engine.text_stage
+        if stage is None:
+            raise bad_request(f"{self.args.model_name!r} produces no text", param, "unsupported")
+        return str(stage)
+
+    def require_audio(self, param: str) -> None:
+        if self.engine.audio_stage is None:
+            raise bad_request(
+                f"{self.args.model_name!r} does not produce audio (its pipeline has no vocoder "
+                "stage)",
+                param,
+                "unsupported_value",
+            )
+
+    def voice(self, voice: str | VoiceId | None, param: str) -> str | None:
+        """The speaker for a prompt: None for the model's default voice."""
+        voices = list(self.engine.voices)
+        name = voice.id if isinstance(voice, VoiceId) else voice
+        if name is None or (not voices and name):
+            return None  # one-voice models: any name is that voice
+        if name not in voices:
+            raise bad_request(f"{param}: unknown voice {name!r}; voices: {voices}", param)
+        return name
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,118 @@
+"""Image and audio content parts -> the bytes a prompt processor takes, under the server's media
+policy: data: URLs always; local files only under --allowed-local-media-path; http(s) URLs only
+with --allow-remote-media (fetched with a timeout and a size limit). Every failure is a 400 that
+names the part (`param`) and what was wrong with it. Bytes are checked here (the image opens, the
+WAV parses) so that an unreadable item is reported against its request field."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+import urllib.parse
+import urllib.request
+import wave
+
+from omni.entrypoints.openai.args import ServerArgs
+from omni.entrypoints.openai.errors import bad_request
+
+AUDIO_FORMATS = ("wav",)
+
+
+def decode_base64(data: str, param: str) -> bytes:
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        shown = data if len(data) <= 40 else data[:40] + "..."
+        raise bad_request(f"{param} is not valid base64: {shown!r}", param) from None
+    if not raw:
+        raise bad_request(f"{param} is empty", param)
+    return raw
+
+
+def load_image(url: str, param: str, args: ServerArgs) -> bytes:
+    """An image_url's bytes (checked to open as an image)."""
+    data = _fetch(url, param, args)
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.verify()
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        raise bad_request(
+            f"{param}: not a readable image ({type(e).__name__}: {e})", param
+        ) from None
+    return data
+
+
+def load_audio(data: str, fmt: str, param: str) -> bytes:
+    """input_audio {data: base64, format} -> WAV bytes (checked to parse as WAV)."""
+    if fmt not in AUDIO_FORMATS:
+        raise bad_request(
+            f"{param}.format {fmt!r} is not supported; supported: {list(AUDIO_FORMATS)}",
+            f"{param}.format",
+        )
+    raw = decode_base64(data, f"{param}.data")
+    try:
+        with wave.open(io.BytesIO(raw)) as w:
+            if w.getnframes() == 0:
+                raise bad_request(f"{param}.data: the WAV has no samples", f"{param}.data")
+    except (wave.Error, EOFError) as e:
+        raise bad_request(f"{param}.data: not a readable WAV ({e})", f"{param}.data") from None
+    return raw
+
+
+def _fetch(url: str, param: str, args: ServerArgs) -> bytes:
+    if url.startswith("data:"):
+        header, sep, payload = url.partition(",")
+        if not sep or ";base64" not in header:
+            raise bad_request(
+                f"{param}: a data: URL must be data:<mime>;base64,<data>, got {url[:40]!r}", param
+            )
+        return decode_base64(payload, param)
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme in ("http", "https"):
+        if not args.allow_remote_media:
+            raise bad_request(
+                f"{param}: remote media URLs are not allowed ({url[:80]!r}); start the server "
+                "with --allow-remote-media, or send a data: URL",
+                param,
+                "remote_media_disabled",
+            )
+        return _download(url, param, args)
+    if scheme in ("", "file"):
+        return _read_local(url, param, args)
+    raise bad_request(f"{param}: unsupported URL scheme {scheme!r}", param)
+
+
+def _read_local(url: str, param: str, args: ServerArgs) -> bytes:
+    root = args.allowed_local_media_path
+    if root is None:
+        raise bad_request(
+            f"{param}: local files are not allowed ({url[:80]!r}); start the server with "
+            "--allowed-local-media-path DIR",
+            param,
+            "local_media_disabled",
+        )
+    path = urllib.parse.unquote(urllib.parse.urlsplit(url).path) if url.startswith("file:") else url
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([real, base]) != base:
+        raise bad_request(f"{param}: {path!r} is outside the allowed media directory", param)
+    if not os.path.isfile(real):
+        raise bad_request(f"{param}: no such file {path!r}", param)
+    if os.path.getsize(real) > args.max_media_bytes:
+        raise bad_request(f"{param}: {path!r} is over {args.max_media_bytes} bytes", param)
+    with open(real, "rb") as f:
+        return f.read()
+
+
+def _download(url: str, param: str, args: ServerArgs) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=args.media_timeout_s) as response:  # noqa: S310
+            data = response.read(args.max_media_bytes + 1)
+    except (OSError, ValueError) as e:
+        raise bad_request(f"{param}: could not fetch {url[:80]!r}: {e}", param) from None
+    if len(data) > args.max_media_bytes:
+        raise bad_request(f"{param}: {url[:80]!r} is over {args.max_media_bytes} bytes", param)
+    return data

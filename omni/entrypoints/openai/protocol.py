@@ -1,0 +1,105 @@
+"""Request bodies, as pydantic models that reject what OpenAI rejects: unknown fields
+(`extra="forbid"`), wrong JSON types (strict: "5" is not an integer) and out-of-range values.
+omni's extensions (`cache_salt`, `stage_sampling`) are ordinary top-level fields, which is where
+the openai client's `extra_body` puts them. Checks that need the engine (the model name, voices,
+formats, n) are done by the endpoints, so that their messages can list the valid values."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    include_obfuscation: bool | None = None  # sent by some clients; there is nothing to obfuscate
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(_Strict):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class InputAudio(_Strict):
+    data: str
+    format: str
+
+
+class AudioPart(_Strict):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+ContentPart = Annotated[TextPart | ImagePart | AudioPart, Field(discriminator="type")]
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class VoiceId(_Strict):
+    id: str
+
+
+class AudioOutput(_Strict):
+    voice: str | VoiceId
+    format: str
+
+
+class _Sampling(_Strict):
+    """Fields shared by chat and completions; they apply to the last text stage."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # omni extensions (openai client: extra_body={...})
+    cache_salt: str | None = Field(default=None, min_length=1)
+    stage_sampling: dict[str, dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOutput | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool | None = False
+    suffix: str | None = None
+    logprobs: int | None = None
+
+
+class SpeechRequest(_Strict):
+    model: str
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str | VoiceId | None = None
+    response_format: str = "wav"
+    stream_format: Literal["audio", "sse"] = "audio"
+    speed: float | None = Field(default=None, ge=0.25, le=4.0)
+    instructions: str | None = None

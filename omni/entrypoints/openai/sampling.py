@@ -1,0 +1,111 @@
+"""Request fields -> one SamplingParams per stage.
+
+Every stage starts from its config default (`stage.sampling`). `stage_sampling` (omni extension,
+`{stage name: {SamplingParams field: value}}`) replaces fields of any stage. Then the OpenAI
+fields (`max_tokens`/`max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`) apply to
+the last text stage (the thinker of Qwen2.5-Omni). Fields left out keep the config's value (so
+`temperature` defaults to the config's, which is greedy in the shipped configs, not OpenAI's 1).
+
+`stop`: omni stops on token ids, not strings, so each stop string must be exactly one token of
+the text stage's tokenizer (a 400 naming `stop` otherwise). A stop string is not part of the
+returned text, as with OpenAI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from omni.core.sampling_params import SamplingParams
+from omni.entrypoints.openai.errors import bad_request
+
+FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    params: dict[str, SamplingParams]
+    stop_strings: dict[int, str]
+    """Token id -> the user's stop string it stands for (removed from the returned text)."""
+
+
+def plan(
+    engine: Any,
+    text_stage: str,
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: str | list[str] | None = None,
+    stage_sampling: dict[str, dict[str, Any]] | None = None,
+    min_text_tokens: int | None = None,
+) -> Plan:
+    params = {s.name: s.sampling for s in engine.config.stages}
+    for name, fields in (stage_sampling or {}).items():
+        if name not in params:
+            raise bad_request(
+                f"stage_sampling: no stage {name!r}; stages: {list(params)}",
+                f"stage_sampling.{name}",
+            )
+        params[name] = _replace(params[name], fields, f"stage_sampling.{name}")
+    stop_strings = _stop_tokens(engine, stop)
+    text: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("max_tokens", max_tokens),
+            ("temperature", temperature),
+            ("top_p", top_p),
+            ("seed", seed),
+        )
+        if v is not None
+    }
+    if stop_strings:
+        merged = dict.fromkeys(params[text_stage].stop_token_ids) | dict.fromkeys(stop_strings)
+        text["stop_token_ids"] = tuple(merged)
+    if min_text_tokens is not None and max_tokens is None:
+        text["max_tokens"] = max(params[text_stage].max_tokens, min_text_tokens)
+    params[text_stage] = _replace(params[text_stage], text, None)
+    return Plan(params, stop_strings)
+
+
+def _replace(base: SamplingParams, fields: Any, where: str | None) -> SamplingParams:
+    if not isinstance(fields, dict):
+        raise bad_request(
+            f"{where} must be an object of SamplingParams fields, got {fields!r}", where
+        )
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise bad_request(
+            f"{where}: unknown field(s) {unknown}; SamplingParams fields: {list(FIELDS)}",
+            f"{where}.{unknown[0]}",
+        )
+    try:
+        return dataclasses.replace(base, **fields)
+    except (TypeError, ValueError) as e:
+        # SamplingParams names the field: "SamplingParams.max_tokens must be ..., got -1"
+        name = next((f for f in FIELDS if f"SamplingParams.{f} " in str(e)), None)
+        param = name if where is None else (f"{where}.{name}" if name else where)
+        raise bad_request(f"{param}: {e}" if param else str(e), param) from None
+
+
+def _stop_tokens(engine: Any, stop: str | list[str] | None) -> dict[int, str]:
+    if stop is None:
+        return {}
+    strings = [stop] if isinstance(stop, str) else list(stop)
+    if len(strings) > 4:
+        raise bad_request(f"stop: at most 4 sequences, got {len(strings)}", "stop")
+    out: dict[int, str] = {}
+    for s in strings:
+        if not s:
+            raise bad_request("stop: an empty stop sequence", "stop")
+        ids = engine.tokenize(s)
+        if len(ids) != 1:
+            raise bad_request(
+                f"stop: {s!r} is {len(ids)} tokens; omni stops on single tokens, so each stop "
+                "sequence must be exactly one token of the model's tokenizer",
+                "stop",
+                "unsupported_value",
+            )
+        out[ids[0]] = s
+    return out

@@ -1,0 +1,119 @@
+"""POST /v1/audio/speech: `input` spoken by a pipeline that ends in a vocoder.
+
+Approximation: Qwen2.5-Omni's talker speaks the thinker's reply, not arbitrary text, so the
+input goes in a chat whose system message asks the model to repeat the user's text verbatim
+(`prompts.speech_prompt`; `instructions` are appended to that system message). A trained model
+then says the input; a random-weight test model says something else, in the right format.
+The thinker may generate up to max(its default, 2 x the input's tokens + 16) tokens.
+
+Responses: `response_format` wav (audio/wav) or pcm (raw 16-bit little-endian mono,
+audio/pcm). `stream_format` audio: the same bytes, chunked; sse: `speech.audio.delta` events
+(base64 pieces of those bytes, in order) and a final `speech.audio.done` with usage.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import Response, StreamingResponse
+from starlette.requests import Request
+
+from omni.entrypoints.openai import audio_encoding, sampling, streaming
+from omni.entrypoints.openai.context import Context, new_id
+from omni.entrypoints.openai.errors import bad_request, from_exception
+from omni.entrypoints.openai.prompts import SPEECH_INSTRUCTION, chat_prompt
+from omni.entrypoints.openai.protocol import SpeechRequest
+from omni.messages import OmniOutput
+
+ENDPOINT = "/v1/audio/speech"
+FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
+
+
+async def create(ctx: Context, request: Request, body: SpeechRequest) -> Response:
+    ctx.check_model(body.model)
+    ctx.require_audio("model")
+    if body.response_format not in FORMATS:
+        raise bad_request(
+            f"response_format {body.response_format!r} is not supported; formats: {list(FORMATS)}",
+            "response_format",
+        )
+    if body.speed not in (None, 1.0):
+        raise bad_request(
+            f"speed: only 1.0 is supported, got {body.speed}", "speed", "unsupported_value"
+        )
+    speaker = ctx.voice(body.voice, "voice")
+    text_stage = ctx.text_stage()
+    system = SPEECH_INSTRUCTION + (f" {body.instructions}" if body.instructions else "")
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": body.input}]
+    prompt = chat_prompt(ctx.engine.prompt_processor.tokenizer, messages, ctx.args)
+    if speaker is not None:
+        prompt["speaker"] = speaker
+    plan = sampling.plan(
+        ctx.engine, text_stage, min_text_tokens=2 * len(ctx.engine.tokenize(body.input)) + 16
+    )
+    prepared = await streaming.prepare(ctx.engine, prompt, new_id("speech"))
+    timer = ctx.metrics.timer(ENDPOINT)
+    outputs = ctx.engine.run(prepared, plan.params, stream_steps=False)
+    media_type = FORMATS[body.response_format]
+
+    async def collect() -> OmniOutput:
+        last = None
+        try:
+            async with contextlib.aclosing(outputs) as snapshots:
+                async for last in snapshots:
+                    timer.output()
+                    if last.finished and last.final.audio is not None:
+                        timer.first_audio()
+        finally:
+            timer.done(ok=last is not None and last.error is None)
+        return streaming.check(last)
+
+    def encoded(out: OmniOutput) -> bytes:
+        final = out.final
+        if final.audio is None:
+            raise bad_request("the pipeline returned no audio", "model")
+        return audio_encoding.encode(final.audio, final.sample_rate or 24000, body.response_format)
+
+    if body.stream_format == "sse":
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                out = await collect()
+                data = encoded(out)
+            except Exception as e:  # noqa: BLE001 - reported in the stream, the status is sent
+                yield streaming.sse({"type": "error", **from_exception(e).body()})
+                return
+            for piece in audio_encoding.chunks(data):
+                yield streaming.sse(
+                    {"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()}
+                )
+            yield streaming.sse({"type": "speech.audio.done", "usage": _usage(ctx, out)})
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+    try:
+        out = await streaming.until_disconnected(request, collect())
+    except streaming.ClientGone:
+        return Response(status_code=499)
+    data = encoded(out)
+    if body.stream_format == "audio" and len(data) > 2 * audio_encoding.CHUNK_SAMPLES:
+
+        async def pieces() -> AsyncIterator[bytes]:
+            for piece in audio_encoding.chunks(data):
+                yield piece
+
+        return StreamingResponse(pieces(), media_type=media_type)
+    return Response(data, media_type=media_type)
+
+
+def _usage(ctx: Context, out: OmniOutput) -> dict[str, Any]:
+    root = out.stages.get(ctx.engine.config.root_stages[0].name)
+    inputs = root.num_prompt_tokens if root is not None else 0
+    outputs = sum(len(r.token_ids) for r in out.stages.values() if r.stage != root_name(ctx))
+    return {"input_tokens": inputs, "output_tokens": outputs, "total_tokens": inputs + outputs}
+
+
+def root_name(ctx: Context) -> str:
+    return str(ctx.engine.config.root_stages[0].name)

@@ -1,0 +1,136 @@
+"""What the text endpoints share: preparing a prompt off the event loop, running it while
+watching for the client to leave, the visible text of the text stage (stop strings removed) and
+its deltas, finish reasons, usage, and SSE framing.
+
+Aborts: a request runs inside `engine.run(...)`, always closed by `contextlib.aclosing`; closing
+it early (the client left: the streaming response is cancelled, or `until_disconnected` cancels
+a non-streaming one) aborts the request in every stage and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+
+from omni.entrypoints.openai.errors import OpenAIError, from_exception
+from omni.messages import OmniOutput, PromptInput, StageResult
+
+log = logging.getLogger("omni.serve")
+T = TypeVar("T")
+DONE = b"data: [DONE]\n\n"
+FINISH_REASONS = {"stopped": "stop", "length": "length"}
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response was ready."""
+
+
+async def prepare(engine: Any, prompt: Any, request_id: str) -> PromptInput:
+    """Validate and tokenize (and preprocess media) on a worker thread: ValueError -> 400."""
+    try:
+        return await asyncio.to_thread(engine.prepare, prompt, request_id)
+    except ValueError as e:
+        raise from_exception(e) from None
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result; if the client disconnects first, `work` is cancelled (which aborts its
+    request) and ClientGone is raised."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientGone
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def check(out: OmniOutput | None) -> OmniOutput:
+    """The finished output, or the error a failed request maps to (503: a stage is down)."""
+    if out is None:
+        raise OpenAIError(500, "the request ended without output", code="internal_error")
+    if out.error is not None:
+        down = "died" in out.error or "dead" in out.error or "shut down" in out.error
+        raise OpenAIError(
+            503 if down else 500,
+            f"request failed: {out.error}",
+            code="stage_unavailable" if down else "generation_failed",
+        )
+    return out
+
+
+class TextView:
+    """The text stage's text as the client sees it: stop strings removed, and `delta` the part
+    not sent yet (streamed text only ever grows)."""
+
+    def __init__(self, stage: str, stop_strings: dict[int, str]) -> None:
+        self.stage = stage
+        self.stop_strings = stop_strings
+        self.sent = ""
+
+    def text(self, out: OmniOutput) -> str:
+        result = out.stages.get(self.stage)
+        if result is None:
+            return ""
+        text = result.text or ""
+        if result.finish_reason == "stopped" and result.token_ids:
+            stop = self.stop_strings.get(result.token_ids[-1])
+            if stop and text.endswith(stop):
+                text = text[: -len(stop)]
+        return text
+
+    def delta(self, out: OmniOutput) -> str:
+        text = self.text(out)
+        if not text.startswith(self.sent):
+            # Only if a final full decode differs from the streamed one (whitespace cleanup).
+            log.warning("streamed text diverged from the final text; the rest is not sent")
+            return ""
+        new, self.sent = text[len(self.sent) :], text
+        return new
+
+
+def result(out: OmniOutput, stage: str) -> StageResult | None:
+    return out.stages.get(stage)
+
+
+def finish_reason(out: OmniOutput, stage: str) -> str:
+    r = out.stages.get(stage)
+    return FINISH_REASONS.get(r.finish_reason or "", "stop") if r is not None else "stop"
+
+
+def usage(engine: Any, out: OmniOutput, text_stage: str) -> dict[str, Any]:
+    root = out.stages.get(engine.config.root_stages[0].name)
+    text = out.stages.get(text_stage)
+    prompt = root.num_prompt_tokens if root is not None else 0
+    completion = len(text.token_ids) if text is not None else 0
+    cached = root.num_cached_tokens if root is not None else 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
