@@ -73,6 +73,8 @@ class _Tracked:
     """Send a snapshot after every step that advanced it (else only when a stage finishes)."""
     texts: dict[str, IncrementalText] = field(default_factory=dict)
     last_progress: float = field(default_factory=time.monotonic)
+    added: float = field(default_factory=time.monotonic)
+    first_token_s: dict[str, float] = field(default_factory=dict)  # stage -> since added
 
 
 class Router:
@@ -213,6 +215,7 @@ class Router:
         tracked.tokens.setdefault(update.stage, []).extend(update.new_token_ids)
         tracked.num_cached[update.stage] = update.num_cached_tokens
         tracked.last_progress = time.monotonic()
+        tracked.first_token_s.setdefault(update.stage, tracked.last_progress - tracked.added)
         return True
 
     def _on_finished(self, item: Finished, routed: dict[str, list[RoutedInput]]) -> bool:
@@ -225,8 +228,12 @@ class Router:
         tracked.last_progress = time.monotonic()
         tracked.payloads[stage] = item.payload
         (full,) = self.backend.fetch([item.payload])
+        # Pipeline times (since the request was added) beside the stage's own latency.
+        timings = {**full.timings, "finished_s": tracked.last_progress - tracked.added}
+        if stage in tracked.first_token_s:
+            timings["first_token_s"] = tracked.first_token_s[stage]
         tracked.results[stage] = self._with_text(
-            dataclasses.replace(full, request_id=tracked.user_id)
+            dataclasses.replace(full, request_id=tracked.user_id, timings=timings)
         )
         if item.result.error is not None:
             self._complete(request_id, tracked.results[stage])

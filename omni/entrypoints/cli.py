@@ -1,7 +1,7 @@
 """The `omni` command line.
 
-    omni run CONFIG --prompt TEXT [--image PATH ...] [--set KEY=VALUE ...] [--var NAME=VALUE ...]
-             [--model DIR] [--max-tokens N] [--output-wav PATH]
+    omni run [CONFIG] [--model DIR] --prompt TEXT [--image PATH ...] [--raw] [--json]
+             [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--max-tokens N] [--output-wav PATH]
     omni validate CONFIG [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--model DIR]
     omni serve [CONFIG] [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
                [--api-key KEY] [--set ...] [--var ...] [--allowed-local-media-path DIR]
@@ -20,7 +20,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from omni.config import ConfigError, OmniConfig, config_for_model, load_config
 
@@ -58,8 +57,12 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--model", metavar="DIR", help="checkpoint directory: sets ${MODEL}")
 
     run = commands.add_parser("run", help="run one prompt through the pipeline")
-    config_args(run)
+    config_args(run, optional=True)
     run.add_argument("--prompt", required=True, help="the text prompt")
+    run.add_argument(
+        "--raw", action="store_true", help="send the text as is, without the chat template"
+    )
+    run.add_argument("--json", action="store_true", help="print a machine-readable result")
     run.add_argument(
         "--image",
         action="append",
@@ -108,7 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "serve":
         return _serve(args, config)
-    return _run(args, config)
+    from omni.entrypoints.run_command import run
+
+    return run(args, config)
 
 
 def _load(args: argparse.Namespace) -> OmniConfig:
@@ -124,15 +129,22 @@ def _load(args: argparse.Namespace) -> OmniConfig:
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-    if args.config is None:
-        if args.model is None:
-            raise ConfigError("give a stage-config file or --model DIR")
-        return config_for_model(args.model, overrides)
+    if args.config is None and args.model is None:
+        raise ConfigError("give a stage-config file or --model DIR")
+
+    def load(overrides: list[str]) -> OmniConfig:
+        if args.config is None:
+            return config_for_model(args.model, overrides)
+        return load_config(args.config, overrides, variables)
+
+    config = load(overrides)
     if getattr(args, "max_tokens", None) is not None:
         # Stage names are only known after a first load; the override then covers every stage.
-        names = load_config(args.config, overrides, variables).stage_names
-        overrides += [f"stages.{name}.sampling.max_tokens={args.max_tokens}" for name in names]
-    return load_config(args.config, overrides, variables)
+        names = config.stage_names
+        config = load(
+            overrides + [f"stages.{n}.sampling.max_tokens={args.max_tokens}" for n in names]
+        )
+    return config
 
 
 def summary(config: OmniConfig) -> str:
@@ -162,49 +174,6 @@ def summary(config: OmniConfig) -> str:
     roots = ", ".join(s.name for s in config.root_stages)
     lines.append(f"root stage(s): {roots}; final stage: {config.final_stage.name}")
     return "\n".join(lines)
-
-
-def _run(args: argparse.Namespace, config: OmniConfig) -> int:
-    from omni.entrypoints.omni import Omni
-
-    prompt: dict[str, Any] = {"prompt": args.prompt}
-    if args.image:
-        prompt["images"] = list(args.image)
-    try:
-        with Omni(config) as omni:
-            (output,) = omni.generate([prompt], use_tqdm=False)
-    except ConfigError as e:  # e.g. the stages do not fit the Ray cluster's resources
-        print(f"omni: config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    except ValueError as e:  # a bad prompt (e.g. images for a text-only root stage)
-        print(f"omni: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    for name in config.topological_order():
-        result = output.stages.get(name)
-        if result is None:
-            continue
-        print(
-            f"[{name}] {len(result.token_ids)} tokens, {result.num_cached_tokens} cached "
-            f"prompt tokens, {result.timings.get('latency_s', 0.0):.3f} s"
-        )
-        if result.text is not None:
-            print(f"[{name}] text: {result.text!r}")
-    if output.error is not None:
-        print(f"omni: request failed: {output.error}", file=sys.stderr)
-        return EXIT_FAILED
-    if args.output_wav:
-        final = output.final
-        if final.audio is None or final.sample_rate is None:
-            print(
-                f"omni: --output-wav: the final stage {final.stage!r} produced no audio",
-                file=sys.stderr,
-            )
-            return EXIT_FAILED
-        from omni.audio import write_wav
-
-        write_wav(args.output_wav, final.audio, final.sample_rate)
-        print(f"wrote {args.output_wav}")
-    return 0
 
 
 def _serve(args: argparse.Namespace, config: OmniConfig) -> int:

@@ -13,7 +13,7 @@ import asyncio
 import os
 import queue
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from omni.config import OmniConfig
@@ -80,6 +80,42 @@ class Omni:
             return self._call(every())
         finally:
             progress.close()
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: StageParams = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[OmniOutput]:
+        """`generate` for chat-format input: one conversation (a list of OpenAI-style messages,
+        `{"role": ..., "content": str or parts}`) or a list of them. The prompt is the
+        tokenizer's chat template (or the Qwen framing when it has none); image and audio parts
+        may be data: URLs or local paths."""
+        if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
+            raise ValueError(f"messages must be a non-empty list of messages, got {messages!r}")
+        conversations: list[Any] = (
+            [messages] if isinstance(messages[0], Mapping) else list(messages)
+        )
+        prompts = [self.chat_prompt(conversation) for conversation in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The prompt dict `chat` builds for one conversation (ValueError naming a bad part)."""
+        from omni.entrypoints.openai.args import ServerArgs
+        from omni.entrypoints.openai.errors import OpenAIError
+        from omni.entrypoints.openai.prompts import chat_prompt
+
+        tokenizer = self.engine.prompt_processor.tokenizer
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer: chat needs one; use generate with ids")
+        local_files = ServerArgs(model_name="", allowed_local_media_path=os.sep)
+        try:
+            return chat_prompt(tokenizer, [dict(m) for m in messages], local_files)
+        except OpenAIError as e:
+            raise ValueError(str(e)) from None
+        except ValueError as e:  # the message models' own validation (pydantic)
+            raise ValueError(f"messages: {e}") from None
 
     def stream(self, prompts: Any, sampling_params: StageParams = None) -> Iterator[StageResult]:
         """Every stage's result of every request, as soon as that stage finishes it (the final

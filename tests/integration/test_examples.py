@@ -51,6 +51,8 @@ def test_cli_run_with_image_and_wav(tmp_path):
         "--prompt", "What is in the picture?", "--image", str(image), "--max-tokens", "6",
         "--set", "runtime.backend=local", "--output-wav", str(wav),
     )  # fmt: skip
-    assert "[thinker] text:" in out and f"wrote {wav}" in out
+    summary = out.rstrip("\n").split("\n")[-1]
+    assert summary.startswith("[omni] 6 tokens; first token ") and f"wrote {wav}" in summary
+    assert "cached prompt tokens: thinker 0, talker 0" in summary and "audio " in summary
     with wave.open(str(wav)) as f:
         assert f.getnframes() > 0
