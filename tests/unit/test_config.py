@@ -27,6 +27,7 @@ from omni.core.sampling_params import SamplingParams
 from omni.registry import ADAPTER_SPECS, ADAPTERS, register_adapter
 
 REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "omni" / "stage_configs"
 
 
 pytestmark = pytest.mark.usefixtures("join_processor")
@@ -141,9 +142,9 @@ def test_relative_model_paths(tmp_path, monkeypatch):
 
 
 def test_shipped_tiny_config(model):
-    config = load_config(REPO / "stage_configs" / "tiny_causal_lm.yaml", variables={"MODEL": model})
+    config = load_config(CONFIGS / "tiny_causal_lm.yaml", variables={"MODEL": model})
     assert config.final_stage.model == model and config.final_stage.adapter == "causal_lm"
-    error_of(REPO / "stage_configs" / "tiny_causal_lm.yaml", "stages.llm.model", "${MODEL}")
+    error_of(CONFIGS / "tiny_causal_lm.yaml", "stages.llm.model", "${MODEL}")
 
 
 def test_import_is_torch_free():
@@ -438,17 +439,17 @@ def test_text_lm_adapters_reject_an_omni_checkpoint_without_torch(
     omni_dir, qwen2_dir, llama_dir, variable, stage_name, adapter
 ):
     variables = {"MODEL_A": qwen2_dir, "MODEL_B": llama_dir, variable: omni_dir}
-    got = load_in_subprocess(str(REPO / "stage_configs" / "tiny_two_stage.yaml"), variables)
+    got = load_in_subprocess(str(CONFIGS / "tiny_two_stage.yaml"), variables)
     assert got["loaded"] == []
     assert got["error"] == (
         f"stage {stage_name!r}: stages.{stage_name}.adapter: adapter {adapter!r} cannot load "
         f"{omni_dir!r} (model_type 'qwen2_5_omni', architectures "
         "['Qwen2_5OmniForConditionalGeneration']): it loads *ForCausalLM checkpoints only; "
-        "use stage_configs/qwen2_5_omni.yaml or adapter qwen2_5_omni_thinker"
+        "use omni/stage_configs/qwen2_5_omni.yaml or adapter qwen2_5_omni_thinker"
     )
     # The same config with fitting checkpoints loads, still without torch.
     ok = {"MODEL_A": qwen2_dir, "MODEL_B": llama_dir}
-    assert load_in_subprocess(str(REPO / "stage_configs" / "tiny_two_stage.yaml"), ok) == {
+    assert load_in_subprocess(str(CONFIGS / "tiny_two_stage.yaml"), ok) == {
         "error": None,
         "loaded": [],
     }
@@ -476,9 +477,7 @@ def test_kind_must_match_the_adapter(omni_dir):
 
 
 def test_omni_adapters_check_the_model_type(tmp_path, omni_dir):
-    config = load_config(
-        REPO / "stage_configs" / "qwen2_5_omni.yaml", variables={"MODEL": omni_dir}
-    )
+    config = load_config(CONFIGS / "qwen2_5_omni.yaml", variables={"MODEL": omni_dir})
     assert [s.adapter for s in config.stages] == [
         s.adapter for s in config_for_model(omni_dir).stages
     ]
@@ -486,7 +485,7 @@ def test_omni_adapters_check_the_model_type(tmp_path, omni_dir):
         tmp_path / "llama", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
     )
     message = error_of(
-        REPO / "stage_configs" / "qwen2_5_omni.yaml",
+        CONFIGS / "qwen2_5_omni.yaml",
         "stage 'thinker'",
         "stages.thinker.adapter",
         "'qwen2_5_omni_thinker'",
@@ -507,7 +506,7 @@ def test_causal_lm_rejects_other_heads(tmp_path):
     message = error_of(one(bert), "stages.a.adapter", "'causal_lm'", "model_type 'bert'")
     assert message.endswith("it loads *ForCausalLM checkpoints only")  # no fitting adapter: no hint
     with pytest.raises(ConfigError, match="stages.llm.adapter: adapter 'causal_lm' cannot load"):
-        config_for_model(bert)  # no stage_configs/bert.yaml: the causal-LM fallback, refused
+        config_for_model(bert)  # no omni/stage_configs/bert.yaml: the causal-LM fallback, refused
 
 
 def test_registered_adapter_spec_is_honoured(tmp_path, model):

