@@ -109,9 +109,10 @@ class Router:
         final = self.final if final_stage is None else final_stage
         if final not in self.order:
             raise ValueError(f"final_stage {final!r} is not a stage; stages: {self.order}")
-        dead = self.backend.dead_stages()
+        needed = self._needed(final)
+        dead = [why for stage, why in self.backend.dead_stages().items() if stage in needed]
         if dead:
-            raise RuntimeError("; ".join(dead.values()))
+            raise RuntimeError("; ".join(dead))
         request_id = user_id
         while request_id in self._recent:
             request_id = f"{user_id}#{next(self._reuses)}"
@@ -122,7 +123,6 @@ class Router:
         tracked = _Tracked(prompt, user_id, params, sink, final=final, stream_steps=stream_steps)
         self.requests[request_id] = tracked
         self._live[user_id] = request_id
-        needed = self._needed(final)
         for root in self.config.root_stages:
             if root.name not in needed:
                 continue

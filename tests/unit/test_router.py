@@ -98,9 +98,12 @@ def test_a_dead_stage_fails_what_it_held_and_the_others_go_on(router):
         heard_x[-1].finished and heard_x[-1].error == "request 'x': stage 'a': its Ray actor died"
     )
     assert router.requests.keys() == {"y"}
-    router.backend.dead = {"a": "stage 'a': gone for good"}
+    router.backend.dead = {"b": "stage 'b': gone for good"}
     with pytest.raises(RuntimeError, match="gone for good"):
         _add(router, "z")
+    params = {s.name: s.sampling for s in router.config.stages}
+    router.add(PromptInput("w", [5]), params, lambda out: None, final_stage="a")  # b not needed
+    assert router.backend.submitted[-1] == ("a", "w")
     assert not heard_y[-1].finished
 
 
