@@ -131,8 +131,7 @@ def talker_to_token2wav(upstream: dict[str, StageResult], request: PromptInput) 
         if code in CODEC_EOS:
             codes = codes[:i]
             break
-    if not codes:
-        raise ValueError("the talker produced no codec tokens before its EOS")
+    # No codes (the talker's first token was EOS): an empty waveform, so the text still arrives.
     return StageInput(
         request_id=request.request_id,
         prompt_token_ids=codes,

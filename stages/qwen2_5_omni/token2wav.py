@@ -59,8 +59,6 @@ class OmniToken2WavAdapter(StageModelBase):
 
     def check_inputs(self, stage_input: StageInput) -> None:
         codes = stage_input.prompt_token_ids
-        if not codes:
-            raise ValueError("token2wav needs at least one codec token")
         if len(codes) > self.max_codes:
             raise ValueError(
                 f"{len(codes)} codec tokens exceed the DiT's limit of {self.max_codes}"
@@ -78,6 +76,8 @@ class OmniToken2WavAdapter(StageModelBase):
     @torch.inference_mode()
     def generate(self, stage_input: StageInput, seed: int) -> torch.Tensor:
         """The 1-D float32 waveform of one request's codes."""
+        if not stage_input.prompt_token_ids:  # the talker stopped at once: nothing to say
+            return torch.zeros(0)
         extras = stage_input.extras
         cond, ref_mel = self.speakers[extras.get("speaker", DEFAULT_SPEAKER)]
         ode = {k: extras.get(k, v) for k, v in ODE_DEFAULTS.items()}

@@ -127,7 +127,14 @@ def test_token2wav_equals_transformers(omni_dir, refs):
         )
     with pytest.raises(ValueError, match="codec id"):
         engine.add_request(StageInput("bad", [10**6]))
+    # A talker that stopped at once (codec EOS first): an empty waveform, not an error.
+    ref = next(iter(refs.values()))
+    upstream["talker"] = dataclasses.replace(upstream["talker"], token_ids=[8294, 5, 6])
+    silent = talker_to_token2wav(upstream, prompt_input(ref))
+    assert silent.prompt_token_ids == []
+    engine.add_request(dataclasses.replace(silent, request_id="silent"))
     results = {r.request_id: r for r in engine.run_until_done()}
+    assert results.pop("silent").audio.numel() == 0
     for mode, ref in refs.items():
         wav = results[mode].audio
         assert results[mode].sample_rate == 24000
