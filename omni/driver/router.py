@@ -232,6 +232,13 @@ class Router:
         timings = {**full.timings, "finished_s": tracked.last_progress - tracked.added}
         if stage in tracked.first_token_s:
             timings["first_token_s"] = tracked.first_token_s[stage]
+        if full.audio is not None and full.sample_rate:
+            # Whole-sequence vocoding: the first audio is all of it. RTF: the request's time in
+            # the pipeline per second of audio.
+            timings["first_audio_s"] = timings["finished_s"]
+            seconds = full.audio.numel() / full.sample_rate
+            if seconds > 0:
+                timings["rtf"] = timings["finished_s"] / seconds
         tracked.results[stage] = self._with_text(
             dataclasses.replace(full, request_id=tracked.user_id, timings=timings)
         )

@@ -36,6 +36,7 @@ class GenerationEngine:
         self.num_steps = 0
         self.num_finished = 0
         self.busy_s = 0.0
+        self.audio_s = 0.0  # seconds of audio produced
 
     def add_request(self, stage_input: StageInput) -> None:
         """Validate and queue; a ValueError leaves the engine and other requests untouched."""
@@ -91,6 +92,7 @@ class GenerationEngine:
             )
         self.busy_s += time.perf_counter() - start
         self.num_finished += len(results)
+        self.audio_s += sum(r.audio.numel() for r in results) / self.model.sample_rate
         return EngineOutput(finished=results, failed=failed)
 
     def _batch_size(self) -> int:
@@ -117,4 +119,7 @@ class GenerationEngine:
             "finished": self.num_finished,
             "pending": len(self._pending),
             "busy_s": self.busy_s,
+            "audio_s": self.audio_s,
+            # Real-time factor: compute time per second of audio (< 1: faster than real time).
+            "rtf": self.busy_s / self.audio_s if self.audio_s else None,
         }

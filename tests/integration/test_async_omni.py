@@ -112,6 +112,11 @@ def test_64_concurrent_callers_equal_sequential_runs(omni_dir, sequential, backe
     for i, (snaps, want) in enumerate(zip(snapshots, sequential, strict=True)):
         _assert_snapshots(snaps, f"request {i}")
         _assert_same(snaps[-1], want, f"request {i}")
+        timings = snaps[-1].final.timings
+        thinker = snaps[-1].stages["thinker"].timings
+        assert 0 < thinker["first_token_s"] <= thinker["finished_s"] <= timings["first_audio_s"]
+        assert timings["rtf"] > 0
+    assert stats["token2wav"]["rtf"] > 0 and stats["token2wav"]["audio_s"] > 0
     # Continuous batching: far fewer thinker steps than requests x tokens.
     assert stats["thinker"]["steps"] < len(sequential) * PARAMS[0].max_tokens / 4
     assert stats["thinker"]["kv_hit_tokens"] > 0  # the shared prefix, across concurrent callers
