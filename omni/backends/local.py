@@ -1,4 +1,12 @@
-"""The local backend: every stage's host in this process, each stepping on its own thread."""
+"""The local backend: every stage's host in this process, all stepped by one thread.
+
+One stepping thread, not one per stage, and it also loads the models: torch's OpenMP runtime
+keeps a thread team per calling thread, and once a process has more OpenMP threads than cores,
+libgomp throttles their spin-waiting, so every parallel region pays a wake-up (measured on 2
+cores: a vocoder pass 2x slower on a second thread while the main thread has a team). One
+thread doing all of the stages' torch work keeps one team, as in a plain in-process loop;
+stages overlap only under the Ray backend, where each has its own process and cores.
+"""
 
 from __future__ import annotations
 
@@ -10,25 +18,78 @@ from omni.config import OmniConfig
 from omni.host import Processor, StageHost
 from omni.messages import RoutedInput, StageDied, StageEvent, StageInput, StageResult
 
+IDLE_WAIT_S = 0.5  # the stepping thread re-checks for shutdown at least this often
+
 
 class LocalBackend:
     def __init__(self, config: OmniConfig, processors: dict[str, Processor]) -> None:
         self._cond = threading.Condition()
         self._num_events = 0  # bumped by the hosts; a poll waits for it to move
+        self._num_wakeups = 0  # bumped when work arrives; the stepping thread waits for it
+        self._stopped = False
         self.hosts: dict[str, StageHost] = {}
         self._reported_dead: set[str] = set()
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(config, processors), name="omni-stages", daemon=True
+        )
+        self._thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            self.shutdown()
+            raise self._start_error
+
+    def _run(self, config: OmniConfig, processors: dict[str, Processor]) -> None:
         try:
             for name in config.topological_order():
-                self.hosts[name] = StageHost(config.stage(name), processors, on_event=self._notify)
-        except BaseException:
-            self.shutdown()
-            raise
+                self.hosts[name] = StageHost(
+                    config.stage(name),
+                    processors,
+                    on_event=self._notify,
+                    on_work=self._wake,
+                    threaded=False,
+                )
+        except BaseException as e:  # re-raised in the constructor, on the caller's thread
+            self._start_error = e
+            return
+        finally:
+            self._started.set()
+        self._step_all()
 
     def _notify(self) -> None:
         with self._cond:
             self._num_events += 1
             self._cond.notify_all()
 
+    def _wake(self) -> None:
+        with self._cond:
+            self._num_wakeups += 1
+            self._cond.notify_all()
+
+    def _step_all(self) -> None:
+        """Each host with work takes one turn (one engine step), in stage order, round after
+        round; with no work anywhere, sleep until some arrives."""
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return
+                seen = self._num_wakeups
+            worked = False
+            for host in list(self.hosts.values()):
+                if host.alive and host.has_work:
+                    host.run_once()
+                    worked = True
+            if not worked:
+                self._wait_for_work(seen)
+
+    def _wait_for_work(self, seen: int) -> None:
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._num_wakeups != seen or self._stopped, timeout=IDLE_WAIT_S
+            )
+
+    # ---- StageBackend -------------------------------------------------------------------------
     def submit(self, stage: str, items: Sequence[StageInput | RoutedInput]) -> None:
         self.hosts[stage].submit(items)
 
@@ -49,7 +110,7 @@ class LocalBackend:
                 out.extend(host.poll(0))
             elif name not in self._reported_dead:  # reported once; its requests are lost
                 self._reported_dead.add(name)
-                error = host.loop_error or f"stage {name!r}: its loop thread is gone"
+                error = host.loop_error or f"stage {name!r}: its loop is gone"
                 out.append(StageDied(name, error, restarting=False))
         return out
 
@@ -64,12 +125,18 @@ class LocalBackend:
 
     def dead_stages(self) -> dict[str, str]:
         return {
-            name: host.loop_error or f"stage {name!r}: its loop thread is gone"
+            name: host.loop_error or f"stage {name!r}: its loop is gone"
             for name, host in self.hosts.items()
             if not host.alive
         }
 
     def shutdown(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        thread = getattr(self, "_thread", None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=30)
         hosts, self.hosts = self.hosts, {}
         for host in hosts.values():
             host.shutdown()

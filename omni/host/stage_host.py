@@ -69,18 +69,24 @@ class StageHost:
         pack: Callable[[StageResult], Any] = _same,
         resolve: Callable[[list[Any]], list[StageResult]] = _same_list,
         on_event: Callable[[], None] | None = None,
+        on_work: Callable[[], None] | None = None,
         engine: Engine | None = None,
+        threaded: bool = True,
     ) -> None:
         """pack: a finished result -> the payload routed to consumers (in-process: the result);
-        resolve: upstream payloads -> their results; on_event: called (from the loop thread)
-        whenever events are ready, so a backend can wait on many hosts at once."""
+        resolve: upstream payloads -> their results; on_event: called (from the loop) whenever
+        events are ready, so a backend can wait on many hosts at once; on_work: called when
+        work arrives. threaded=False: no loop thread of its own; the owner calls `run_once`
+        (the local backend steps all its hosts from one thread). A threaded host builds its
+        engine on its loop thread: the thread that loads the model is the one that steps it,
+        so the process keeps one OpenMP team (see omni/backends/local.py for why it matters)."""
         self.name = config.name
         self.config = config
         self.processors = processors
         self._pack = pack
         self._resolve = resolve
         self._on_event = on_event
-        self.engine = engine or create_engine(config)
+        self._on_work = on_work
         self._engine_lock = threading.Lock()
         self._cond = threading.Condition()
         self._inbox: list[StageInput] = []
@@ -89,8 +95,29 @@ class StageHost:
         self._outbox: list[StageEvent] = []
         self._stopped = False
         self.loop_error: str | None = None
-        self._thread = threading.Thread(target=self._loop, name=f"omni-{self.name}", daemon=True)
+        self._thread: threading.Thread | None = None
+        if not threaded:
+            self.engine = engine or create_engine(config)
+            return
+        failed: list[BaseException] = []
+        ready = threading.Event()
+
+        def build_then_loop() -> None:
+            try:
+                self.engine = engine or create_engine(config)
+            except BaseException as e:  # re-raised below, on the caller's thread
+                failed.append(e)
+                return
+            finally:
+                ready.set()
+            self._loop()
+
+        self._thread = threading.Thread(target=build_then_loop, name=f"omni-{self.name}")
+        self._thread.daemon = True
         self._thread.start()
+        ready.wait()
+        if failed:
+            raise failed[0]
 
     # ---- calls from any thread ----------------------------------------------------------------
     def submit(self, items: Sequence[StageInput | RoutedInput]) -> None:
@@ -107,6 +134,8 @@ class StageHost:
             self._inbox.extend(s for s in accepted if s.request_id not in self._aborted_ids)
             self._cond.notify_all()
         self._emit(failed)
+        if accepted and self._on_work is not None:
+            self._on_work()
 
     def poll(self, timeout_s: float) -> list[StageEvent]:
         """Every event since the last poll; waits up to timeout_s for one. Raises when the loop
@@ -128,6 +157,8 @@ class StageHost:
             while len(self._aborted_ids) > ABORTED_IDS_KEPT:
                 self._aborted_ids.popitem(last=False)
             self._cond.notify_all()
+        if self._on_work is not None:
+            self._on_work()
 
     def stats(self) -> dict[str, Any]:
         with self._engine_lock:
@@ -135,38 +166,49 @@ class StageHost:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and self.loop_error is None
+        if self._thread is not None and not self._thread.is_alive():
+            return False
+        return self.loop_error is None and not self._stopped
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
-        if self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=timeout_s)
 
     # ---- the loop -----------------------------------------------------------------------------
     def _loop(self) -> None:
+        while self.run_once(IDLE_WAIT_S):
+            pass
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a turn of the loop would do anything now."""
+        return bool(self.engine.has_unfinished or self._inbox or self._aborts)
+
+    def run_once(self, wait_s: float = 0.0) -> bool:
+        """One turn of the loop: take new requests and aborts, step the engine once if it has
+        work, emit what came out. Waits up to wait_s for work first. False once stopped or
+        dead: the loop must never die silently, so `poll` reports why."""
         try:
-            while True:
-                with self._cond:
-                    busy = self.engine.has_unfinished
-                    if not (busy or self._inbox or self._aborts or self._stopped):
-                        self._cond.wait(timeout=IDLE_WAIT_S)
-                    if self._stopped:
-                        return
-                    inbox, self._inbox = self._inbox, []
-                    aborts, self._aborts = self._aborts, []
-                with self._engine_lock:
-                    if aborts:
-                        self.engine.abort(aborts)  # aborted requests are not reported
-                    rejected = [self._add(s) for s in inbox]
-                    events: list[StageEvent] = [
-                        self._finished(r) for r in rejected if r is not None
-                    ]
-                    if self.engine.has_unfinished:
-                        events.extend(self._step())
-                self._emit_events(events)
-        except BaseException as e:  # the loop must never die silently: poll reports it
+            with self._cond:
+                if not (self.has_work or self._stopped) and wait_s > 0:
+                    self._cond.wait(timeout=wait_s)
+                if self._stopped:
+                    return False
+                inbox, self._inbox = self._inbox, []
+                aborts, self._aborts = self._aborts, []
+            with self._engine_lock:
+                if aborts:
+                    self.engine.abort(aborts)  # aborted requests are not reported
+                rejected = [self._add(s) for s in inbox]
+                events: list[StageEvent] = [self._finished(r) for r in rejected if r is not None]
+                if self.engine.has_unfinished:
+                    events.extend(self._step())
+            self._emit_events(events)
+            return True
+        except BaseException as e:
             logger.exception("stage %r: engine loop died", self.name)
             with self._cond:
                 self.loop_error = f"stage {self.name!r}: engine loop died: {type(e).__name__}: {e}"
@@ -174,6 +216,7 @@ class StageHost:
                 self._cond.notify_all()
             if self._on_event is not None:
                 self._on_event()
+            return False
 
     def _add(self, stage_input: StageInput) -> StageResult | None:
         """Queue in the engine; a rejected request becomes an error result (None if accepted)."""
