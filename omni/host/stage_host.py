@@ -89,7 +89,7 @@ class StageHost:
         self._on_work = on_work
         self._engine_lock = threading.Lock()
         self._cond = threading.Condition()
-        self._inbox: list[StageInput] = []
+        self._inbox: list[StageInput | RoutedInput] = []
         self._aborts: list[str] = []
         self._aborted_ids: OrderedDict[str, None] = OrderedDict()
         self._outbox: list[StageEvent] = []
@@ -122,7 +122,24 @@ class StageHost:
     # ---- calls from any thread ----------------------------------------------------------------
     def submit(self, items: Sequence[StageInput | RoutedInput]) -> None:
         """Queue requests. A routed item's upstream results are resolved and the edge's input
-        processor runs here, on the caller's thread, so the loop keeps stepping meanwhile."""
+        processor runs on the caller's thread when the host has a loop thread of its own (the
+        loop keeps stepping meanwhile), else at its next turn, on the thread that steps it
+        (which then does all of the stage's torch work)."""
+        queued: list[StageInput | RoutedInput] = list(items)
+        failed: list[StageResult] = []
+        if self._thread is not None:
+            converted, failed = self._convert(queued)
+            queued = list(converted)
+        with self._cond:
+            self._inbox.extend(s for s in queued if s.request_id not in self._aborted_ids)
+            self._cond.notify_all()
+        self._emit(failed)
+        if queued and self._on_work is not None:
+            self._on_work()
+
+    def _convert(
+        self, items: Sequence[StageInput | RoutedInput]
+    ) -> tuple[list[StageInput], list[StageResult]]:
         accepted: list[StageInput] = []
         failed: list[StageResult] = []
         for item in items:
@@ -130,12 +147,7 @@ class StageHost:
                 accepted.append(self._to_stage_input(item))
             except Exception as e:  # one bad item fails alone, never the whole submit
                 failed.append(self._error(item.request_id, _why(e)))
-        with self._cond:
-            self._inbox.extend(s for s in accepted if s.request_id not in self._aborted_ids)
-            self._cond.notify_all()
-        self._emit(failed)
-        if accepted and self._on_work is not None:
-            self._on_work()
+        return accepted, failed
 
     def poll(self, timeout_s: float) -> list[StageEvent]:
         """Every event since the last poll; waits up to timeout_s for one. Raises when the loop
@@ -199,11 +211,12 @@ class StageHost:
                     return False
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
+            accepted, failed = self._convert(inbox)
             with self._engine_lock:
                 if aborts:
                     self.engine.abort(aborts)  # aborted requests are not reported
-                rejected = [self._add(s) for s in inbox]
-                events: list[StageEvent] = [self._finished(r) for r in rejected if r is not None]
+                rejected = [r for r in map(self._add, accepted) if r is not None]
+                events: list[StageEvent] = [self._finished(r) for r in failed + rejected]
                 if self.engine.has_unfinished:
                     events.extend(self._step())
             self._emit_events(events)
