@@ -112,7 +112,11 @@ class RayBackend:
             try:
                 placement[name] = ray.get(ref, timeout=self.timeout_s)
             except ray.exceptions.RayError as e:  # the actor's __init__ raised
-                raise RuntimeError(f"stage {name!r} failed to start: {ray_error_cause(e)}") from e
+                cause = ray_error_cause(e)
+                kind, sep, message = cause.partition(": ")
+                if sep and kind.rsplit(".", 1)[-1] == "ConfigError":  # e.g. a KV pool too big
+                    raise ConfigError(message) from e
+                raise RuntimeError(f"stage {name!r} failed to start: {cause}") from e
         return placement
 
     def _start_poll(self, name: str) -> None:

@@ -175,7 +175,7 @@ def summary(config: OmniConfig) -> str:
         custom = "".join(f", {k}={v:g}" for k, v in r.custom.items())
         lines.append(f"  stage {name}: {s.kind} {s.adapter} model={s.model}")
         lines.append(
-            f"    engine: {e.num_blocks} blocks x {e.block_size} tokens, {caching}, "
+            f"    engine: {e.num_blocks or 'auto'} blocks x {e.block_size} tokens, {caching}, "
             f"{e.dtype}; resources: cpus={r.num_cpus:g}, gpus={r.num_gpus:g}{custom}"
         )
     edges = [f"  {up} -> {s.name} ({s.input_processor})" for s in config.stages for up in s.inputs]
