@@ -69,3 +69,11 @@ def test_chat_template_by_default_raw_without(chat_model, capsys):
     assert chat.stages["llm"].prompt_token_ids == ids
     assert stage["token_ids"] == chat.final.token_ids == plain.final.token_ids
     assert templated["text"] == chat.final.text and templated["error"] is None
+
+
+def test_a_pool_the_machine_cannot_hold_exits_2(qwen2_dir, capsys):
+    argv = ["run", "--model", qwen2_dir, "--prompt", "hi", "--set", "runtime.backend=local"]
+    assert main([*argv, "--set", "stages.llm.engine.num_blocks=1000000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("omni: config error: stage 'llm': stages.llm.engine.num_blocks=")
+    assert "bytes are available" in err
