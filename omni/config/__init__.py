@@ -1,15 +1,13 @@
 """Stage configs: the schema (frozen dataclasses), raw loading and validation. Torch-free."""
 
+from omni.config.load import DEFAULT_MAX_MODEL_LEN, config_for_model, load_config
 from omni.config.schema import (
-    DEFAULT_MAX_MODEL_LEN,
     STAGE_CONFIG_DIR,
     EngineConfig,
     OmniConfig,
     ResourcesConfig,
     RuntimeConfig,
     StageConfig,
-    config_for_model,
-    load_config,
 )
 from omni.config.validate import ConfigError, check_resources
 

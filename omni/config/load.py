@@ -1,129 +1,115 @@
-"""Raw stage-config loading for omni/config.py: YAML or dict, ${NAME} variables, model paths
-relative to the YAML file, and overrides (dotted keys, nested dicts or CLI strings), merged into one
-plain dict before any dataclass is built. Torch-free.
+"""Loading a pipeline config: from YAML or a dict (`load_config`), or from a checkpoint directory
+alone (`config_for_model`), with the defaults that depend on the checkpoint or on the stage graph
+made concrete (max_model_len, per-token outputs). Torch-free, like all of omni.config.
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import yaml
-
-from omni.config.validate import ConfigError, config_error, stage_path, suggest
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def load_raw(source: Any, overrides: Any, variables: Mapping[str, str]) -> dict[str, Any]:
-    """load_config's source as plain data: variables substituted, overrides merged, models
-    absolute."""
-    if isinstance(source, Mapping):
-        raw: Any = copy.deepcopy(dict(source))
-    else:
-        path = os.fspath(source)
-        try:
-            with open(path, encoding="utf-8") as f:
-                raw = yaml.safe_load(f)
-        except OSError as e:
-            raise ConfigError(f"cannot read config file {path!r}: {e.strerror}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML: {e}") from None
-        # Literal relative paths in a file belong to the file; ${MODEL}/x gets its base from
-        # the variable, which (like dict sources and overrides) is relative to the cwd.
-        _anchor_models(raw, os.path.dirname(os.path.abspath(path)), skip_variables=True)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"a stage config must be a mapping with runtime and stages, got {raw!r}")
-    raw = _substitute(raw, variables, "")
-    for key, value in _parse_overrides(overrides):
-        _merge(raw, key, _substitute(value, variables, key))
-    _anchor_models(raw, os.getcwd())
-    return raw
+from omni.config.raw import load_raw
+from omni.config.schema import STAGE_CONFIG_DIR, OmniConfig, RuntimeConfig, StageConfig
+from omni.config.validate import (
+    STAGE_NAME,
+    ConfigError,
+    build,
+    check_checkpoint,
+    config_error,
+    read_model_config,
+    stage_path,
+    suggest,
+)
+from omni.registry import get_adapter_spec
 
 
-def _substitute(data: Any, variables: Mapping[str, str], path: str) -> Any:
-    """${NAME} replaced in every string (there is no escape: no config value needs a `${`)."""
-    if isinstance(data, str):
+def load_config(
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    overrides: Mapping[str, object] | Sequence[str] | None = None,
+    variables: Mapping[str, str] | None = None,
+    *,
+    check_models: bool = True,
+) -> OmniConfig:
+    """An OmniConfig from a YAML file or an equivalent dict, fully validated.
 
-        def replace(m: re.Match[str]) -> str:
-            if m[1] not in variables:
-                known = ", ".join(sorted(variables)) or "none"
-                raise config_error(
-                    path, f"undefined variable ${{{m[1]}}} in {data!r}; defined: {known}"
-                )
-            value = variables[m[1]]
-            return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
-
-        return _VAR.sub(replace, data)
-    if isinstance(data, Mapping):
-        return {k: _substitute(v, variables, f"{path}.{k}".lstrip(".")) for k, v in data.items()}
-    if isinstance(data, list):
-        paths = [
-            stage_path(i, v) if path == "stages" else f"{path}[{i}]" for i, v in enumerate(data)
-        ]
-        return [_substitute(v, variables, p) for p, v in zip(paths, data, strict=True)]
-    return data
-
-
-def _anchor_models(raw: Any, base_dir: str, *, skip_variables: bool = False) -> None:
-    stages = raw.get("stages") if isinstance(raw, dict) else None
-    for stage in stages if isinstance(stages, list) else ():
-        model = stage.get("model") if isinstance(stage, dict) else None
-        if isinstance(model, str) and model and not (skip_variables and model.startswith("${")):
-            stage["model"] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(model)))
-
-
-def _parse_overrides(
-    overrides: Mapping[str, object] | Sequence[str] | None,
-) -> list[tuple[str, Any]]:
-    if isinstance(overrides, Mapping):
-        return [(str(k), v) for k, v in overrides.items()]
-    pairs = []
-    for item in [overrides] if isinstance(overrides, str) else overrides or ():
-        if not isinstance(item, str) or "=" not in item:
-            example = "stages.thinker.engine.num_blocks=512"
-            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. {example}")
-        key, _, text = item.partition("=")
-        try:
-            pairs.append((key.strip(), yaml.safe_load(text)))
-        except yaml.YAMLError as e:
-            raise ConfigError(f"override {item!r}: the value is not YAML: {e}") from None
-    return pairs
-
-
-def _merge(raw: dict[str, Any], key: str, value: Any) -> None:
-    """Set dotted `key`: mappings merge into what is there, anything else replaces it.
-
-    Under `stages` a path component is a stage name (or a list index).
+    overrides: {"stages.thinker.engine.num_blocks": 512}, nested dicts ({"runtime": {...}},
+    merged) or CLI strings ["stages.thinker.engine.num_blocks=512"] (values parsed as YAML);
+    stages are addressed by name. variables: for ${NAME} in string values (undefined: error).
+    check_models=False skips the checkpoint checks (e.g. validating elsewhere): with them, each
+    stage's config.json must exist and fit its adapter's spec (model_type, architectures), all
+    before any model code is imported.
     """
-    if isinstance(value, Mapping):
-        for sub_key, sub_value in value.items():
-            _merge(raw, f"{key}.{sub_key}", sub_value)
-        return
-    parts = key.split(".")
-    node: Any = raw
-    for depth, part in enumerate(parts):
-        if not part:
-            raise ConfigError(f"override {key!r}: empty key component")
-        index: str | int = part  # a list (the stages) is indexed by stage name or position
-        if isinstance(node, list):
-            names = [s.get("name") if isinstance(s, dict) else None for s in node]
-            if part in names:
-                index = names.index(part)
-            elif part.isdigit() and int(part) < len(node):
-                index = int(part)
-            else:
-                known = [str(name) for name in names if name is not None]
-                raise ConfigError(
-                    f"override {key!r}: no stage named {part!r}{suggest(part, known)}"
-                )
-        elif not isinstance(node, dict):
-            raise ConfigError(f"override {key!r}: {'.'.join(parts[:depth])} is not a mapping")
-        elif depth < len(parts) - 1 and node.get(part) is None:
-            node[part] = {}
-        if depth == len(parts) - 1:
-            node[index] = value
-        node = node[index]
+    raw = load_raw(source, overrides, dict(variables or {}))
+    for key in raw:
+        if key not in ("runtime", "stages"):
+            hint = suggest(str(key), ["runtime", "stages"])
+            raise ConfigError(f"unknown top-level key {key!r}{hint}")
+    stages = raw.get("stages")
+    if not isinstance(stages, list):
+        raise config_error("stages", f"must be a list of stages, got {stages!r}")
+    config = OmniConfig(
+        runtime=build(RuntimeConfig, raw.get("runtime"), "runtime"),
+        stages=tuple(build(StageConfig, s, stage_path(i, s)) for i, s in enumerate(stages)),
+    )
+    model_configs: dict[str, dict[str, Any]] = {}
+    if check_models:
+        for stage in config.stages:
+            model_config = read_model_config(stage.model, f"stages.{stage.name}.model")
+            check_checkpoint(stage, model_config, STAGE_CONFIG_DIR)
+            model_configs[stage.name] = model_config
+    return _with_defaults(config, model_configs)
+
+
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+def _with_defaults(config: OmniConfig, model_configs: dict[str, dict[str, Any]]) -> OmniConfig:
+    """Null engine settings that depend on the checkpoint or the stage graph, made concrete:
+    max_model_len from the checkpoint, outputs from whether another stage consumes them."""
+    stages = []
+    for stage in config.stages:
+        engine = stage.engine
+        if engine.max_model_len is None:
+            limit = _max_positions(model_configs.get(stage.name, {}))
+            engine = dataclasses.replace(engine, max_model_len=limit or DEFAULT_MAX_MODEL_LEN)
+        if engine.outputs is None:
+            consumed = bool(config.consumers(stage.name))
+            emits = get_adapter_spec(stage.adapter).emits if consumed else ()
+            engine = dataclasses.replace(engine, outputs=tuple(emits))
+        stages.append(dataclasses.replace(stage, engine=engine))
+    return dataclasses.replace(config, stages=tuple(stages))
+
+
+def _max_positions(model_config: Mapping[str, Any]) -> int | None:
+    """max_position_embeddings of a checkpoint's config.json (for a composite model, of its
+    text model: the first one found, top level first)."""
+    value = model_config.get("max_position_embeddings")
+    if type(value) is int and value >= 1:
+        return value
+    for sub_config in model_config.values():
+        if isinstance(sub_config, Mapping):
+            found = _max_positions(sub_config)
+            if found is not None:
+                return found
+    return None
+
+
+def config_for_model(
+    model_dir: str | os.PathLike[str],
+    overrides: Mapping[str, object] | Sequence[str] | None = None,
+) -> OmniConfig:
+    """The pipeline for a checkpoint directory: omni/stage_configs/<model_type>.yaml (with variable
+    MODEL=model_dir) when the checkpoint's config.json names a model_type that has such a file,
+    else a one-stage config (stage `llm`, adapter causal_lm) for a plain HF causal LM, whose
+    max_model_len is the checkpoint's max_position_embeddings."""
+    model_dir = os.path.abspath(os.path.expanduser(os.fspath(model_dir)))
+    model_config = read_model_config(model_dir, "model")
+    model_type = model_config.get("model_type")
+    if isinstance(model_type, str) and STAGE_NAME.match(model_type):
+        family = os.path.join(STAGE_CONFIG_DIR, f"{model_type}.yaml")
+        if os.path.isfile(family):
+            return load_config(family, overrides, {"MODEL": model_dir})
+    stage: dict[str, Any] = {"name": "llm", "model": model_dir, "adapter": "causal_lm"}
+    return load_config({"stages": [stage]}, overrides)

@@ -1,8 +1,9 @@
-"""Stage-config schema (frozen dataclasses) and loading from YAML or an equivalent dict.
+"""Stage-config schema: frozen dataclasses, one docstring per field.
 
 Every value is checked when a dataclass is built, so a config that loads is one the runtime can
-trust; `load_config` adds what only the whole file knows (key paths, variables, model paths,
-overrides). Torch-free: `omni validate` imports this without any model code.
+trust; `load_config` (omni/config/load.py) adds what only the whole file knows (key paths,
+variables, model paths, overrides, defaults from the checkpoint). Torch-free: `omni validate`
+imports this without any model code.
 
 Relative `model` paths written in a YAML file resolve against the YAML file's directory (so a
 config can sit next to its checkpoints); a value that starts with a variable (`${MODEL}/talker`)
@@ -14,23 +15,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni.config.load import load_raw
 from omni.config.validate import (
     STAGE_NAME,
     FieldError,
-    build,
-    check_checkpoint,
     check_types,
     config_error,
     one_of,
-    read_model_config,
     require,
     stage_order,
-    stage_path,
     suggest,
 )
 from omni.config.validate import ConfigError as ConfigError  # re-exported: callers catch it
@@ -286,93 +281,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value
-
-
-def load_config(
-    source: str | os.PathLike[str] | Mapping[str, Any],
-    overrides: Mapping[str, object] | Sequence[str] | None = None,
-    variables: Mapping[str, str] | None = None,
-    *,
-    check_models: bool = True,
-) -> OmniConfig:
-    """An OmniConfig from a YAML file or an equivalent dict, fully validated.
-
-    overrides: {"stages.thinker.engine.num_blocks": 512}, nested dicts ({"runtime": {...}},
-    merged) or CLI strings ["stages.thinker.engine.num_blocks=512"] (values parsed as YAML);
-    stages are addressed by name. variables: for ${NAME} in string values (undefined: error).
-    check_models=False skips the checkpoint checks (e.g. validating elsewhere): with them, each
-    stage's config.json must exist and fit its adapter's spec (model_type, architectures), all
-    before any model code is imported.
-    """
-    raw = load_raw(source, overrides, dict(variables or {}))
-    for key in raw:
-        if key not in ("runtime", "stages"):
-            hint = suggest(str(key), ["runtime", "stages"])
-            raise ConfigError(f"unknown top-level key {key!r}{hint}")
-    stages = raw.get("stages")
-    if not isinstance(stages, list):
-        raise config_error("stages", f"must be a list of stages, got {stages!r}")
-    config = OmniConfig(
-        runtime=build(RuntimeConfig, raw.get("runtime"), "runtime"),
-        stages=tuple(build(StageConfig, s, stage_path(i, s)) for i, s in enumerate(stages)),
-    )
-    model_configs: dict[str, dict[str, Any]] = {}
-    if check_models:
-        for stage in config.stages:
-            model_config = read_model_config(stage.model, f"stages.{stage.name}.model")
-            check_checkpoint(stage, model_config, STAGE_CONFIG_DIR)
-            model_configs[stage.name] = model_config
-    return _with_defaults(config, model_configs)
-
-
-DEFAULT_MAX_MODEL_LEN = 4096
-
-
-def _with_defaults(config: OmniConfig, model_configs: dict[str, dict[str, Any]]) -> OmniConfig:
-    """Null engine settings that depend on the checkpoint or the stage graph, made concrete:
-    max_model_len from the checkpoint, outputs from whether another stage consumes them."""
-    stages = []
-    for stage in config.stages:
-        engine = stage.engine
-        if engine.max_model_len is None:
-            limit = _max_positions(model_configs.get(stage.name, {}))
-            engine = dataclasses.replace(engine, max_model_len=limit or DEFAULT_MAX_MODEL_LEN)
-        if engine.outputs is None:
-            consumed = bool(config.consumers(stage.name))
-            emits = get_adapter_spec(stage.adapter).emits if consumed else ()
-            engine = dataclasses.replace(engine, outputs=tuple(emits))
-        stages.append(dataclasses.replace(stage, engine=engine))
-    return dataclasses.replace(config, stages=tuple(stages))
-
-
-def _max_positions(model_config: Mapping[str, Any]) -> int | None:
-    """max_position_embeddings of a checkpoint's config.json (for a composite model, of its
-    text model: the first one found, top level first)."""
-    value = model_config.get("max_position_embeddings")
-    if type(value) is int and value >= 1:
-        return value
-    for sub_config in model_config.values():
-        if isinstance(sub_config, Mapping):
-            found = _max_positions(sub_config)
-            if found is not None:
-                return found
-    return None
-
-
-def config_for_model(
-    model_dir: str | os.PathLike[str],
-    overrides: Mapping[str, object] | Sequence[str] | None = None,
-) -> OmniConfig:
-    """The pipeline for a checkpoint directory: omni/stage_configs/<model_type>.yaml (with variable
-    MODEL=model_dir) when the checkpoint's config.json names a model_type that has such a file,
-    else a one-stage config (stage `llm`, adapter causal_lm) for a plain HF causal LM, whose
-    max_model_len is the checkpoint's max_position_embeddings."""
-    model_dir = os.path.abspath(os.path.expanduser(os.fspath(model_dir)))
-    model_config = read_model_config(model_dir, "model")
-    model_type = model_config.get("model_type")
-    if isinstance(model_type, str) and STAGE_NAME.match(model_type):
-        family = os.path.join(STAGE_CONFIG_DIR, f"{model_type}.yaml")
-        if os.path.isfile(family):
-            return load_config(family, overrides, {"MODEL": model_dir})
-    stage: dict[str, Any] = {"name": "llm", "model": model_dir, "adapter": "causal_lm"}
-    return load_config({"stages": [stage]}, overrides)

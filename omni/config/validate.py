@@ -1,6 +1,6 @@
 """The machinery behind omni/config/schema.py: typed field checks, dict -> dataclass building
 with the full key path in every error, the stage graph, checkpoint-vs-adapter and resource checks
-(raw loading is in omni/config/load.py). Torch-free: `omni validate` runs it without any model code.
+(raw loading is in omni/config/raw.py). Torch-free: `omni validate` runs it without any model code.
 """
 
 from __future__ import annotations
