@@ -17,7 +17,8 @@ from typing import Any
 from omni.backends.backend import StageBackend
 from omni.config import OmniConfig
 from omni.core.sampling_params import SamplingParams
-from omni.driver.router import Decode, Router, Sink
+from omni.driver.request_state import Decode, Sink
+from omni.driver.router import Router
 from omni.host import Processor
 from omni.messages import PromptInput
 from omni.registry import get_input_processor

@@ -24,14 +24,11 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from omni.backends.backend import StageBackend
 from omni.config import OmniConfig
 from omni.core.sampling_params import SamplingParams
-from omni.driver.incremental_text import IncrementalText
+from omni.driver.request_state import Decode, RequestState, Sink
 from omni.messages import (
     Finished,
     OmniOutput,
@@ -46,35 +43,7 @@ from omni.messages import (
 
 logger = logging.getLogger(__name__)
 
-Sink = Callable[[OmniOutput], None]
-Decode = Callable[[str, list[int]], str | None]
-ROUTED_EXTRA_MAX_BYTES = 64 << 10
 RECENT_IDS_KEPT = 20_000  # at least as many as a stage host remembers aborts (ABORTED_IDS_KEPT)
-
-
-@dataclass
-class _Tracked:
-    """A live request: where it is, what it has produced so far, and who listens."""
-
-    prompt: PromptInput
-    """The prompt as the stages know it (request_id: the stage id)."""
-    user_id: str
-    """The request id its caller gave or got."""
-    params: dict[str, SamplingParams]
-    sink: Sink
-    inflight: set[str] = field(default_factory=set)
-    payloads: dict[str, Any] = field(default_factory=dict)  # finished stage -> payload
-    results: dict[str, StageResult] = field(default_factory=dict)  # finished, full
-    tokens: dict[str, list[int]] = field(default_factory=dict)  # running stage -> tokens so far
-    num_cached: dict[str, int] = field(default_factory=dict)
-    final: str = ""
-    """The stage whose result completes the request (the pipeline's final stage, or earlier)."""
-    stream_steps: bool = True
-    """Send a snapshot after every step that advanced it (else only when a stage finishes)."""
-    texts: dict[str, IncrementalText] = field(default_factory=dict)
-    last_progress: float = field(default_factory=time.monotonic)
-    added: float = field(default_factory=time.monotonic)
-    first_token_s: dict[str, float] = field(default_factory=dict)  # stage -> since added
 
 
 class Router:
@@ -84,7 +53,7 @@ class Router:
         self.decode = decode
         self.final = config.final_stage.name
         self.order = config.topological_order()
-        self.requests: dict[str, _Tracked] = {}  # by stage id
+        self.requests: dict[str, RequestState] = {}  # by stage id
         self._live: dict[str, str] = {}  # user id -> stage id
         self._recent: OrderedDict[str, None] = OrderedDict()  # stage ids used lately
         self._reuses = itertools.count(1)
@@ -120,7 +89,7 @@ class Router:
         while len(self._recent) > RECENT_IDS_KEPT:
             self._recent.popitem(last=False)
         prompt = dataclasses.replace(prompt, request_id=request_id)
-        tracked = _Tracked(prompt, user_id, params, sink, final=final, stream_steps=stream_steps)
+        tracked = RequestState(prompt, user_id, params, sink, final, stream_steps=stream_steps)
         self.requests[request_id] = tracked
         self._live[user_id] = request_id
         for root in self.config.root_stages:
@@ -197,12 +166,7 @@ class Router:
             return
         if stage is None:
             stage = min(tracked.inflight, key=self.order.index, default=tracked.final)
-        result = StageResult(
-            tracked.user_id, stage, [], [], finish_reason=finish_reason, error=error
-        )
-        tracked.inflight.discard(stage)
-        tracked.results[stage] = result
-        self._complete(request_id, result)
+        self._complete(request_id, tracked.record_failure(stage, error, finish_reason))
 
     def fail_all(self, error: str) -> None:
         for request_id in list(self.requests):
@@ -212,10 +176,7 @@ class Router:
         tracked = self.requests.get(update.request_id)
         if tracked is None or update.stage not in tracked.inflight:
             return False  # stale
-        tracked.tokens.setdefault(update.stage, []).extend(update.new_token_ids)
-        tracked.num_cached[update.stage] = update.num_cached_tokens
-        tracked.last_progress = time.monotonic()
-        tracked.first_token_s.setdefault(update.stage, tracked.last_progress - tracked.added)
+        tracked.record_update(update)
         return True
 
     def _on_finished(self, item: Finished, routed: dict[str, list[RoutedInput]]) -> bool:
@@ -223,27 +184,10 @@ class Router:
         tracked = self.requests.get(request_id)
         if tracked is None or stage not in tracked.inflight:
             return False  # stale: aborted, failed, or from a replaced actor
-        tracked.inflight.discard(stage)
-        tracked.tokens.pop(stage, None)
-        tracked.last_progress = time.monotonic()
-        tracked.payloads[stage] = item.payload
         (full,) = self.backend.fetch([item.payload])
-        # Pipeline times (since the request was added) beside the stage's own latency.
-        timings = {**full.timings, "finished_s": tracked.last_progress - tracked.added}
-        if stage in tracked.first_token_s:
-            timings["first_token_s"] = tracked.first_token_s[stage]
-        if full.audio is not None and full.sample_rate:
-            # Whole-sequence vocoding: the first audio is all of it. RTF: the request's time in
-            # the pipeline per second of audio.
-            timings["first_audio_s"] = timings["finished_s"]
-            seconds = full.audio.numel() / full.sample_rate
-            if seconds > 0:
-                timings["rtf"] = timings["finished_s"] / seconds
-        tracked.results[stage] = self._with_text(
-            dataclasses.replace(full, request_id=tracked.user_id, timings=timings)
-        )
+        result = tracked.record_finished(full, item.payload, self.decode)
         if item.result.error is not None:
-            self._complete(request_id, tracked.results[stage])
+            self._complete(request_id, result)
             return False
         if stage == tracked.final:
             self._complete(request_id, None)
@@ -254,8 +198,9 @@ class Router:
                 name in tracked.payloads for name in consumer.inputs
             ):
                 upstream = {name: tracked.payloads[name] for name in consumer.inputs}
+                prompt = tracked.routed_prompt()
                 routed_input = RoutedInput(
-                    request_id, upstream, _slim(tracked.prompt), tracked.params[consumer.name]
+                    request_id, upstream, prompt, tracked.params[consumer.name]
                 )
                 routed.setdefault(consumer.name, []).append(routed_input)
                 tracked.inflight.add(consumer.name)
@@ -280,7 +225,7 @@ class Router:
         return needed
 
     # ---- outputs ------------------------------------------------------------------------------
-    def _drop(self, request_id: str) -> _Tracked:
+    def _drop(self, request_id: str) -> RequestState:
         tracked = self.requests.pop(request_id)
         del self._live[tracked.user_id]
         for stage in tracked.inflight:
@@ -289,52 +234,14 @@ class Router:
 
     def _complete(self, request_id: str, error: StageResult | None) -> None:
         tracked = self._drop(request_id)
-        stages = {name: tracked.results[name] for name in self.order if name in tracked.results}
-        final = error if error is not None else stages[tracked.final]
-        output = OmniOutput(
-            request_id=tracked.user_id,
-            stages=stages,
-            final=final,
-            prompt=tracked.prompt.original,
-            error=error.error if error is not None else None,
-            finished=True,
-        )
-        self._send(request_id, output, tracked)
+        self._send(request_id, tracked.output(self.order, error), tracked)
 
     def _snapshot(self, request_id: str) -> OmniOutput:
-        tracked = self.requests[request_id]
-        stages: dict[str, StageResult] = {}
-        for name in self.order:
-            if name in tracked.results:
-                stages[name] = tracked.results[name]
-            elif name in tracked.tokens:
-                stages[name] = self._partial(tracked, name)
-        final = stages[next(name for name in reversed(self.order) if name in stages)]
-        return OmniOutput(
-            tracked.user_id, stages, final, prompt=tracked.prompt.original, finished=False
-        )
+        return self.requests[request_id].snapshot(self.order, self.decode)
 
-    def _partial(self, tracked: _Tracked, stage: str) -> StageResult:
-        tokens = tracked.tokens[stage]
-        text = tracked.texts.setdefault(stage, IncrementalText()).update(
-            tokens, lambda token_ids: self.decode(stage, token_ids)
-        )
-        return StageResult(
-            tracked.user_id,
-            stage,
-            [],
-            list(tokens),
-            finish_reason=None,
-            num_cached_tokens=tracked.num_cached.get(stage, 0),
-            text=text,
-        )
-
-    def _with_text(self, result: StageResult) -> StageResult:
-        if result.token_ids and result.text is None and result.error is None:
-            return dataclasses.replace(result, text=self.decode(result.stage, result.token_ids))
-        return result
-
-    def _send(self, request_id: str, output: OmniOutput, tracked: _Tracked | None = None) -> None:
+    def _send(
+        self, request_id: str, output: OmniOutput, tracked: RequestState | None = None
+    ) -> None:
         sink = (tracked or self.requests[request_id]).sink
         try:
             sink(output)
@@ -342,16 +249,3 @@ class Router:
             logger.exception("request %r: its listener failed; aborting it", request_id)
             if request_id in self.requests:
                 self._drop(request_id)
-
-
-def _slim(prompt: PromptInput) -> PromptInput:
-    """The request as edges see it: without the user's raw prompt (e.g. PIL images) and the root
-    stage's large encoder inputs, which downstream stages never read."""
-    small = {k: v for k, v in prompt.extras.items() if _nbytes(v) <= ROUTED_EXTRA_MAX_BYTES}
-    return dataclasses.replace(prompt, original=None, extras=small)
-
-
-def _nbytes(value: Any) -> int:
-    if isinstance(value, list | tuple):
-        return sum(_nbytes(v) for v in value)
-    return int(getattr(value, "nbytes", 0))

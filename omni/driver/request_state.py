@@ -1,0 +1,136 @@
+"""RequestState: one live request as the router tracks it, and the outputs built from it.
+
+It records what each stage reported (tokens so far, finished results with their payloads, pipeline
+timings) and turns that into the OmniOutput snapshots the caller receives. It never talks to a
+backend: routing decisions stay in the Router.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni.core.sampling_params import SamplingParams
+from omni.driver.incremental_text import IncrementalText
+from omni.messages import OmniOutput, PromptInput, StageResult, StageUpdate
+
+Sink = Callable[[OmniOutput], None]
+Decode = Callable[[str, list[int]], str | None]
+ROUTED_EXTRA_MAX_BYTES = 64 << 10
+
+
+@dataclass
+class RequestState:
+    """A live request: where it is, what it has produced so far, and who listens."""
+
+    prompt: PromptInput
+    """The prompt as the stages know it (request_id: the stage id)."""
+    user_id: str
+    """The request id its caller gave or got."""
+    params: dict[str, SamplingParams]
+    sink: Sink
+    final: str
+    """The stage whose result completes the request (the pipeline's final stage, or earlier)."""
+    stream_steps: bool = True
+    """Send a snapshot after every step that advanced it (else only when a stage finishes)."""
+    inflight: set[str] = field(default_factory=set)
+    payloads: dict[str, Any] = field(default_factory=dict)  # finished stage -> payload
+    results: dict[str, StageResult] = field(default_factory=dict)  # finished, full
+    tokens: dict[str, list[int]] = field(default_factory=dict)  # running stage -> tokens so far
+    num_cached: dict[str, int] = field(default_factory=dict)
+    texts: dict[str, IncrementalText] = field(default_factory=dict)
+    added: float = field(default_factory=time.monotonic)
+    last_progress: float = field(default_factory=time.monotonic)
+    first_token_s: dict[str, float] = field(default_factory=dict)  # stage -> since added
+
+    # ---- what the stages report -----------------------------------------------------------------
+    def record_update(self, update: StageUpdate) -> None:
+        self.tokens.setdefault(update.stage, []).extend(update.new_token_ids)
+        self.num_cached[update.stage] = update.num_cached_tokens
+        self.last_progress = time.monotonic()
+        self.first_token_s.setdefault(update.stage, self.last_progress - self.added)
+
+    def record_finished(self, full: StageResult, payload: Any, decode: Decode) -> StageResult:
+        """Keep a stage's full result (the caller's id, decoded text, pipeline timings)."""
+        stage = full.stage
+        self.inflight.discard(stage)
+        self.tokens.pop(stage, None)
+        self.last_progress = time.monotonic()
+        self.payloads[stage] = payload
+        # Pipeline times (since the request was added) beside the stage's own latency.
+        timings = {**full.timings, "finished_s": self.last_progress - self.added}
+        if stage in self.first_token_s:
+            timings["first_token_s"] = self.first_token_s[stage]
+        if full.audio is not None and full.sample_rate:
+            # Whole-sequence vocoding: the first audio is all of it. RTF: the request's time in
+            # the pipeline per second of audio.
+            timings["first_audio_s"] = timings["finished_s"]
+            seconds = full.audio.numel() / full.sample_rate
+            if seconds > 0:
+                timings["rtf"] = timings["finished_s"] / seconds
+        result = dataclasses.replace(full, request_id=self.user_id, timings=timings)
+        if result.token_ids and result.text is None and result.error is None:
+            result = dataclasses.replace(result, text=decode(stage, result.token_ids))
+        self.results[stage] = result
+        return result
+
+    def record_failure(self, stage: str, error: str, finish_reason: str) -> StageResult:
+        result = StageResult(self.user_id, stage, [], [], finish_reason=finish_reason, error=error)
+        self.inflight.discard(stage)
+        self.results[stage] = result
+        return result
+
+    # ---- what the caller receives ---------------------------------------------------------------
+    def snapshot(self, order: list[str], decode: Decode) -> OmniOutput:
+        """Every stage so far: finished results, and partial ones (tokens, streamed text)."""
+        stages: dict[str, StageResult] = {}
+        for name in order:
+            if name in self.results:
+                stages[name] = self.results[name]
+            elif name in self.tokens:
+                stages[name] = self._partial(name, decode)
+        final = stages[next(name for name in reversed(order) if name in stages)]
+        return OmniOutput(self.user_id, stages, final, prompt=self.prompt.original, finished=False)
+
+    def output(self, order: list[str], error: StageResult | None) -> OmniOutput:
+        """The finished output: the final stage's result, or the one that failed it."""
+        stages = {name: self.results[name] for name in order if name in self.results}
+        return OmniOutput(
+            request_id=self.user_id,
+            stages=stages,
+            final=error if error is not None else stages[self.final],
+            prompt=self.prompt.original,
+            error=error.error if error is not None else None,
+            finished=True,
+        )
+
+    def routed_prompt(self) -> PromptInput:
+        """The request as edges see it: without the user's raw prompt (e.g. PIL images) and the
+        root stage's large encoder inputs, which downstream stages never read."""
+        extras = self.prompt.extras.items()
+        small = {k: v for k, v in extras if _nbytes(v) <= ROUTED_EXTRA_MAX_BYTES}
+        return dataclasses.replace(self.prompt, original=None, extras=small)
+
+    def _partial(self, stage: str, decode: Decode) -> StageResult:
+        tokens = self.tokens[stage]
+        text = self.texts.setdefault(stage, IncrementalText()).update(
+            tokens, lambda token_ids: decode(stage, token_ids)
+        )
+        return StageResult(
+            self.user_id,
+            stage,
+            [],
+            list(tokens),
+            finish_reason=None,
+            num_cached_tokens=self.num_cached.get(stage, 0),
+            text=text,
+        )
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return int(getattr(value, "nbytes", 0))
