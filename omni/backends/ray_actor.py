@@ -50,6 +50,7 @@ class StageActor:
         return {
             "stage": self.name,
             "node_id": context.get_node_id(),
+            "gpu_ids": list(ray.get_gpu_ids()),  # those Ray assigned (CUDA_VISIBLE_DEVICES)
             "pid": os.getpid(),
             "torch_threads": torch.get_num_threads(),
         }

@@ -8,6 +8,10 @@ Recovery: a dead stage is reported as `StageDied` (the driver fails the requests
 it) and replaced by a fresh actor, up to `runtime.max_stage_restarts` times per stage. Submits
 that arrive while the new actor loads its model are held and sent once it is ready, so requests
 sent after a death succeed. Past the limit the stage stays dead and new requests fail at once.
+
+Placement (`runtime.placement`): none lets Ray place each actor on its own; pack or spread reserve
+one Ray placement group (strategy PACK or SPREAD) with a bundle per stage (its resources), and
+each stage's actor, a replacement too, runs in its bundle. shutdown() removes the group.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from omni.backends.ray_session import RaySession, ray_error_cause
 from omni.backends.transport import pack_input, unpack_result
@@ -30,8 +37,10 @@ logger = logging.getLogger(__name__)
 
 ACTOR_POLL_S = 1.0  # an actor's poll returns at least this often, even with nothing finished
 SHUTDOWN_WAIT_S = 5.0  # graceful actor shutdown before ray.kill
+FREE_WAIT_S = 5.0  # how long a new pipeline waits for resources a shut-down one is freeing
 MAX_CONCURRENCY = 4  # call threads per actor: poll + submit + abort/stats, beside the loop thread
 _EPS = 1e-6
+MIN_BUNDLE_CPU = 0.001  # a placement group bundle must not be empty: a stage asking for nothing
 
 
 class RayBackend:
@@ -49,10 +58,15 @@ class RayBackend:
         self._starting: dict[Any, str] = {}  # ready ref of a replacement actor -> stage
         self._held: dict[str, list[StageInput | RoutedInput]] = {}  # restarting stage -> submits
         self._dead: dict[str, str] = {}  # stage gone for good -> why
+        self.pg: PlacementGroup | None = None  # runtime.placement pack/spread
+        self._bundle = {name: i for i, name in enumerate(config.topological_order())}
+        self.placement: dict[str, dict[str, Any]] = {}
         try:
             # Ray would leave an actor that fits nowhere pending forever: refuse up front.
             check_resources(config, self.session.node_resources())
             self._check_free()
+            if config.runtime.placement != "none":
+                self.pg = self._reserve(config.runtime.placement.upper())
             for name in config.topological_order():
                 self.actors[name] = self._create(name)
             self.placement = self._wait_ready()
@@ -64,19 +78,49 @@ class RayBackend:
 
     def _check_free(self) -> None:
         """Resources held by other actors (another pipeline not shut down) would leave ours
-        pending until the timeout: say so at once."""
-        free = self.session.available_resources()
+        pending until the timeout: say so within FREE_WAIT_S. (A pipeline shut down just now may
+        still be handing its resources back: Ray frees a killed actor's asynchronously.)"""
         totals: dict[str, float] = {}
         for stage in self.config.stages:
             for key, amount in stage.resources.as_ray_resources().items():
                 totals[key] = totals.get(key, 0.0) + amount
-        for key, amount in totals.items():
-            if free.get(key, 0.0) + _EPS < amount:
-                raise ConfigError(
-                    f"the stages request {key}={amount:g} but only {free.get(key, 0.0):g} is free "
-                    "on the Ray cluster: other actors hold the rest (an Omni that was not shut "
-                    "down? call shutdown() or use it as a context manager)"
-                )
+        deadline = time.monotonic() + FREE_WAIT_S
+        while True:
+            free = self.session.available_resources()
+            short = [k for k, amount in totals.items() if free.get(k, 0.0) + _EPS < amount]
+            if not short or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if short:
+            key = short[0]
+            raise ConfigError(
+                f"the stages request {key}={totals[key]:g} but only {free.get(key, 0.0):g} is "
+                "free on the Ray cluster: other actors hold the rest (an Omni that was not shut "
+                "down? call shutdown() or use it as a context manager)"
+            )
+
+    def _reserve(self, strategy: str) -> PlacementGroup:
+        """One placement group, a bundle per stage in topological order, ready; else ConfigError.
+
+        Soft PACK/SPREAD always fit when a placement fits at all, so a group that stays pending
+        means the bundles cannot be placed on the nodes' free resources (fragmented: each node
+        alone has too little)."""
+        bundles = []
+        for name in self._bundle:
+            wanted = self.config.stage(name).resources.as_ray_resources()  # no zero entries
+            bundles.append(wanted or {"CPU": MIN_BUNDLE_CPU})
+        pg = placement_group(bundles, strategy=strategy)
+        self.pg = pg  # shutdown() removes it, ready or not
+        if not pg.wait(timeout_seconds=max(1, round(self.timeout_s))):
+            shown = ", ".join(f"{n}: {b}" for n, b in zip(self._bundle, bundles, strict=True))
+            nodes = [_basic(n) for n in self.session.node_resources()]
+            raise ConfigError(
+                f"runtime.placement={strategy.lower()}: a {strategy} placement group with the "
+                f"bundles {{{shown}}} could not be placed within {self.timeout_s:g} s "
+                f"(runtime.request_timeout_s): no node has room for its share (nodes: {nodes}; "
+                f"free in all: {_basic(self.session.available_resources())})"
+            )
+        return pg
 
     def _create(self, name: str) -> Any:
         from omni.backends.ray_actor import StageActor
@@ -84,11 +128,17 @@ class RayBackend:
         stage = self.config.stage(name)
         mine = {p: self.processors[p] for p in [stage.input_processor] if p is not None}
         res = stage.resources
+        where: dict[str, Any] = {}
+        if self.pg is not None:  # a replacement goes into the same bundle as the first actor
+            where["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=self._bundle[name]
+            )
         return StageActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
             num_cpus=res.num_cpus,
             num_gpus=res.num_gpus,
             resources=dict(res.custom) or None,
             max_concurrency=MAX_CONCURRENCY,
+            **where,
             max_restarts=0,  # this backend replaces dead actors itself (see the module doc)
         ).remote(
             stage,
@@ -181,7 +231,7 @@ class RayBackend:
     def _on_restarted(self, stage: str, ref: Any) -> list[StageEvent]:
         held = self._held.pop(stage, [])
         try:
-            ray.get(ref, timeout=self.timeout_s)
+            self.placement[stage] = ray.get(ref, timeout=self.timeout_s)
         except ray.exceptions.RayError as e:
             why = f"stage {stage!r}: its replacement actor failed to start: {ray_error_cause(e)}"
             self._dead[stage] = why
@@ -219,9 +269,12 @@ class RayBackend:
         }
         for name, ref in refs.items():
             try:
+                where = self.placement.get(name, {})
                 out[name] = {
                     **ray.get(ref, timeout=self.timeout_s),
                     "restarts": self.num_restarts[name],
+                    "node_id": where.get("node_id"),
+                    "gpu_ids": where.get("gpu_ids"),
                 }
             except ray.exceptions.RayError as e:
                 raise RuntimeError(f"stage {name!r}: stats failed: {ray_error_cause(e)}") from e
@@ -242,4 +295,18 @@ class RayBackend:
             for actor in actors.values():
                 with contextlib.suppress(Exception):
                     ray.kill(actor, no_restart=True)
+        pg, self.pg = self.pg, None
+        if pg is not None and ray.is_initialized():
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
         self.session.close()
+
+
+def _basic(resources: dict[str, float]) -> dict[str, float]:
+    """CPU, GPU and custom resources, without Ray's memory and node-id bookkeeping entries."""
+    hidden = ("memory", "object_store_memory")
+    return {
+        k: round(v, 3)
+        for k, v in resources.items()
+        if k not in hidden and not k.startswith(("node:", "bundle_group_")) and "_group_" not in k
+    }

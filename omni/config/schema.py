@@ -38,6 +38,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 KINDS = ADAPTER_KINDS
 BACKENDS = ("ray", "local")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+PLACEMENTS = ("none", "pack", "spread")
 STAGE_CONFIG_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "stage_configs"
 )
@@ -203,6 +204,8 @@ class RuntimeConfig:
     """Logging level of the driver and the actors: DEBUG, INFO, WARNING, ERROR or CRITICAL."""
     max_stage_restarts: int = 1
     """How often the ray backend replaces a dead stage actor (per stage) before giving up."""
+    placement: str = "none"
+    """none (Ray places each actor), pack or spread (one placement group, a bundle per stage)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -211,6 +214,7 @@ class RuntimeConfig:
         require(self.request_timeout_s > 0, self, "request_timeout_s", "> 0")
         require(self.max_stage_restarts >= 0, self, "max_stage_restarts", "an integer >= 0")
         require(self.log_level.upper() in LOG_LEVELS, self, "log_level", one_of(LOG_LEVELS))
+        require(self.placement in PLACEMENTS, self, "placement", one_of(PLACEMENTS))
         object.__setattr__(self, "log_level", self.log_level.upper())
 
 

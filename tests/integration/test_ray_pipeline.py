@@ -90,7 +90,7 @@ def test_private_instance_equal_results_kill_and_clean_shutdown(qwen2_dir, llama
         started = time.monotonic()
         with pytest.raises(ConfigError, match="free on the Ray cluster.*not shut down"):
             Omni(config)
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 15  # FREE_WAIT_S, not the 60 s request timeout
     finally:
         omni.shutdown()
     assert not ray.is_initialized()

@@ -265,6 +265,7 @@ def test_stage_field_errors(model, extra, fragments):
         ({"request_timeout_s": 0}, ["runtime.request_timeout_s", "got 0.0"]),
         ({"num_cpus": 0}, ["runtime.num_cpus", "got 0"]),
         ({"log_level": "LOUD"}, ["runtime.log_level", "'LOUD'"]),
+        ({"placement": "strict_spread"}, ["runtime.placement", "'none'", "'strict_spread'"]),
         ({"adress": "auto"}, ["runtime", "did you mean 'address'"]),
     ],
 )

@@ -1,0 +1,217 @@
+"""Where the stage actors run: fake GPUs on a private Ray instance (each stage gets its own GPU id,
+fractions may share one, too many fail at once) and `runtime.placement` pack/spread on a 2-node
+cluster (one placement group, a bundle per stage; an unplaceable group is a ConfigError; shutdown
+removes the group; a replacement actor goes back into its stage's bundle).
+
+Ray is expensive here (2 cores): one private instance per class, torn down before the next.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import pytest
+import ray
+import ray.cloudpickle
+from two_stage_support import two_stage_config
+
+from omni.backends.ray_session import wait_for_processes_gone
+from omni.config import ConfigError
+from omni.entrypoints.omni import Omni
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+PROMPT = [[5, 6, 7]]
+SMALL = {
+    "runtime.request_timeout_s": 60,
+    "stages.a.resources.num_cpus": 0.5,
+    "stages.b.resources.num_cpus": 0.5,
+}
+
+
+def generate_ok(omni: Omni) -> None:
+    (output,) = omni.generate(PROMPT, use_tqdm=False)
+    assert output.error is None, output.error
+
+
+def wait_all_free(timeout_s: float = 30) -> None:
+    """Ray returns a killed actor's resources a moment later: wait for the next Omni's check."""
+    total = ray.cluster_resources()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        free = ray.available_resources()
+        if all(free.get(k, 0.0) >= total[k] - 1e-6 for k in ("CPU", "GPU") if k in total):
+            return
+        assert time.monotonic() < deadline, f"still held: {free} of {total}"
+        time.sleep(0.1)
+
+
+def assert_removed(pg_id: str) -> None:
+    state = ray.util.placement_group_table().get(pg_id, {"state": "REMOVED"})["state"]
+    assert state == "REMOVED", state
+
+
+@pytest.fixture(scope="class")
+def gpu_ray():
+    assert not ray.is_initialized(), "another test left Ray connected"
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    temp_dir = tempfile.mkdtemp(prefix="omni-rg-", dir="/tmp")
+    ray.init(
+        num_cpus=2,
+        num_gpus=2,
+        include_dashboard=False,
+        _temp_dir=temp_dir,
+        logging_level=logging.WARNING,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        assert wait_for_processes_gone(temp_dir, timeout_s=15) == []
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def all_free_before():
+    if ray.is_initialized():
+        wait_all_free()
+
+
+@pytest.mark.usefixtures("gpu_ray")
+class TestFakeGpus:
+    def test_one_gpu_each_distinct(self, qwen2_dir, llama_dir):
+        gpus = {"stages.a.resources.num_gpus": 1, "stages.b.resources.num_gpus": 1}
+        with Omni(two_stage_config(qwen2_dir, llama_dir, **SMALL, **gpus)) as omni:
+            placement = omni.backend.placement
+            assert len(placement["a"]["gpu_ids"]) == len(placement["b"]["gpu_ids"]) == 1
+            assert placement["a"]["gpu_ids"] != placement["b"]["gpu_ids"]
+            stats = omni.stats()
+            for name in ("a", "b"):
+                assert stats[name]["gpu_ids"] == placement[name]["gpu_ids"]
+                assert stats[name]["node_id"] == placement[name]["node_id"]
+                assert "pid" in stats[name] and stats[name]["restarts"] == 0
+            generate_ok(omni)
+
+    def test_half_gpus_may_share_in_a_packed_group(self, qwen2_dir, llama_dir):
+        overrides = {
+            **SMALL,
+            "runtime.placement": "pack",
+            "stages.a.resources.num_gpus": 0.5,
+            "stages.b.resources.num_gpus": 0.5,
+        }
+        with Omni(two_stage_config(qwen2_dir, llama_dir, **overrides)) as omni:
+            placement = omni.backend.placement
+            for name in ("a", "b"):
+                assert len(placement[name]["gpu_ids"]) == 1
+                assert omni.stats()[name]["gpu_ids"] == placement[name]["gpu_ids"]
+            generate_ok(omni)
+            assert omni.backend.pg is not None
+            pg_id = omni.backend.pg.id.hex()
+        assert_removed(pg_id)
+
+    def test_too_many_gpus_fail_at_once(self, qwen2_dir, llama_dir):
+        gpus = {"stages.a.resources.num_gpus": 2, "stages.b.resources.num_gpus": 1}
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=r"GPU=3 in total but the cluster has GPU=2"):
+            Omni(two_stage_config(qwen2_dir, llama_dir, **SMALL, **gpus))
+        assert time.monotonic() - started < 5
+        assert ray.available_resources().get("GPU") == 2  # nothing left holding them
+
+
+@ray.remote
+class Blocker:
+    def ping(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="class")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    assert not ray.is_initialized(), "another test left Ray connected"
+    base = tempfile.mkdtemp(prefix="omni-rp-", dir="/tmp")
+    old_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = base  # the cluster's address file too, not /tmp/ray
+    node_args = {"temp_dir": os.path.join(base, "ray")}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, **node_args})
+    try:
+        cluster.add_node(num_cpus=2, **node_args)
+        cluster.wait_for_nodes(timeout=60)
+        ray.init(address=cluster.address, logging_level="WARNING")
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        assert wait_for_processes_gone(base, timeout_s=15) == []
+        shutil.rmtree(base, ignore_errors=True)
+        if old_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = old_tmpdir
+
+
+class TestPlacementGroups:
+    def test_spread_puts_stages_on_different_nodes_and_restarts_in_the_bundle(
+        self, cluster, qwen2_dir, llama_dir
+    ):
+        overrides = {**SMALL, "runtime.address": cluster.address, "runtime.placement": "spread"}
+        with Omni(two_stage_config(qwen2_dir, llama_dir, **overrides)) as omni:
+            backend = omni.backend
+            placement = dict(backend.placement)
+            assert placement["a"]["node_id"] != placement["b"]["node_id"]
+            assert omni.stats()["b"]["node_id"] == placement["b"]["node_id"]
+            generate_ok(omni)
+            assert backend.pg is not None
+            pg_id = backend.pg.id.hex()
+
+            ray.kill(backend.actors["b"], no_restart=True)
+            deadline = time.monotonic() + 60
+            while backend.num_restarts["b"] == 0 or "b" in backend._held:
+                assert time.monotonic() < deadline, "stage b was not restarted"
+                time.sleep(0.2)
+            assert backend.placement["b"]["pid"] != placement["b"]["pid"]
+            assert backend.placement["b"]["node_id"] == placement["b"]["node_id"]
+            generate_ok(omni)
+        assert_removed(pg_id)
+
+    def test_pack_puts_stages_on_one_node(self, cluster, qwen2_dir, llama_dir):
+        overrides = {**SMALL, "runtime.address": cluster.address, "runtime.placement": "pack"}
+        with Omni(two_stage_config(qwen2_dir, llama_dir, **overrides)) as omni:
+            placement = omni.backend.placement
+            assert placement["a"]["node_id"] == placement["b"]["node_id"]
+            stats = omni.stats()
+            assert stats["a"]["node_id"] == stats["b"]["node_id"] == placement["a"]["node_id"]
+            generate_ok(omni)
+            assert omni.backend.pg is not None
+            pg_id = omni.backend.pg.id.hex()
+        assert_removed(pg_id)
+
+    def test_unplaceable_group_is_a_config_error(self, cluster, qwen2_dir, llama_dir):
+        # 1.5 of a node's 2 CPUs held elsewhere: 2.5 CPUs are free in all, enough for the
+        # stages' 1.5 + 1.0, but no node has room for the 1.0 beside the 1.5.
+        blocker = Blocker.options(num_cpus=1.5).remote()  # type: ignore[attr-defined]
+        ray.get(blocker.ping.remote(), timeout=60)
+        overrides = {
+            "runtime.address": cluster.address,
+            "runtime.placement": "spread",
+            "runtime.request_timeout_s": 2,
+            "stages.a.resources.num_cpus": 1.5,
+            "stages.b.resources.num_cpus": 1.0,
+        }
+        started = time.monotonic()
+        try:
+            with pytest.raises(ConfigError, match=r"placement=spread.*SPREAD.*'CPU': 1\.5"):
+                Omni(two_stage_config(qwen2_dir, llama_dir, **overrides))
+        finally:
+            ray.kill(blocker)
+        assert time.monotonic() - started < 15
+        table = ray.util.placement_group_table()
+        assert all(pg["state"] == "REMOVED" for pg in table.values()), table
