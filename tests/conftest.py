@@ -27,6 +27,19 @@ def llama_dir() -> str:
 
 
 @pytest.fixture(scope="module")
+def omni_dir():
+    """The tiny Qwen2.5-Omni checkpoint, with one torch thread for the module (see below)."""
+    import torch
+
+    from tools.make_tiny_checkpoint import ensure_checkpoint
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield str(ensure_checkpoint("qwen2_5_omni", "tiny"))
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny models gain nothing from threads, and on a busy 2-core machine every OpenMP region
     waits for a descheduled peer thread (measured 10-50x slower with 2 threads under load)."""

@@ -33,13 +33,9 @@ through the package metadata (importing the package would import llama_cpp) and 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import os
 import pathlib
-import shutil
 import sys
-import tempfile
 
 from omni.entrypoints.convert_gguf import DTYPES, convert_gguf, write_checkpoint
 
@@ -104,29 +100,14 @@ def ensure_smollm2() -> pathlib.Path:
     gguf = find_smollm2_gguf()
     source = _source_id(gguf)
     final = smollm2_dir()
-    if _is_current(final, source):
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared
+
+    def convert(tmp: pathlib.Path) -> None:
         write_checkpoint(gguf, tmp)
         (tmp / _MARKER).write_text(source + "\n")
-        if final.exists() and not _is_current(final, source):
-            # Stale: move it aside first (rename is atomic), then delete it.
-            trash = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
-            with contextlib.suppress(OSError):  # another process replaced it concurrently
-                os.rename(final, trash / "old")
-            shutil.rmtree(trash, ignore_errors=True)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            # A parallel conversion won the race; its result is the same, keep it.
-            if not _is_current(final, source):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    from tools.make_tiny_checkpoint import cached_build
+
+    return cached_build(final, lambda path: _is_current(path, source), convert)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 
 FAMILIES = ("qwen2", "llama", "qwen2_5_omni")
 SIZES = ("tiny", "bench")
@@ -97,14 +98,25 @@ def _is_current(path: pathlib.Path) -> bool:
 def ensure_checkpoint(family: str, size: str = "tiny", seed: int = 0) -> pathlib.Path:
     """Return the cached checkpoint directory, building it first if missing or stale."""
     final = checkpoint_dir(family, size, seed)
-    if _is_current(final):
+    return cached_build(final, _is_current, lambda tmp: build_checkpoint(family, size, seed, tmp))
+
+
+def cached_build(
+    final: pathlib.Path,
+    is_current: Callable[[pathlib.Path], bool],
+    build: Callable[[pathlib.Path], object],
+) -> pathlib.Path:
+    """`final`, built by `build(tmp_dir)` unless `is_current(final)` already. Parallel callers
+    are safe: each builds into a temporary sibling and renames it into place; a stale directory
+    is moved aside first; the first rename wins (the builds are identical)."""
+    if is_current(final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared
-        build_checkpoint(family, size, seed, tmp)
-        if final.exists() and not _is_current(final):
+        build(tmp)
+        if final.exists() and not is_current(final):
             # Stale builder version: move it aside first (rename is atomic), then delete it.
             trash = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
             with contextlib.suppress(OSError):  # another process replaced it concurrently
@@ -113,8 +125,8 @@ def ensure_checkpoint(family: str, size: str = "tiny", seed: int = 0) -> pathlib
         try:
             os.rename(tmp, final)
         except OSError:
-            # A parallel build won the race; its result is identical (same seed), keep it.
-            if not _is_current(final):
+            # A parallel build won the race; its result is identical, keep it.
+            if not is_current(final):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

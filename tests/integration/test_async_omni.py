@@ -19,7 +19,6 @@ from PIL import Image
 
 from omni import AsyncOmni, Omni
 from omni.core.sampling_params import SamplingParams
-from tools.make_tiny_checkpoint import ensure_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -46,14 +45,6 @@ def _prompts(num_prompts: int = 64) -> list:
         text = (SHARED if i % 2 else "") + f"question {i}: " + "tell me more " * (i % 5 + 1)
         prompts.append({"prompt": text, "images": [image]} if i % 8 == 7 else text)
     return prompts
-
-
-@pytest.fixture(scope="module")
-def omni_dir() -> str:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield str(ensure_checkpoint("qwen2_5_omni", "tiny"))
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from PIL import Image
 from omni import Omni
 from omni.core.sampling_params import SamplingParams
 from tests.integration.omni_reference import load_hf, run_generate
-from tools.make_tiny_checkpoint import ensure_checkpoint
 from tools.omni_preprocess import OmniPreprocessor
 
 pytestmark = pytest.mark.slow
@@ -50,14 +49,6 @@ def _cases() -> dict[str, tuple[dict, str, dict]]:
             {"audios": [audio[0].astype(np.float32)]},
         ),
     }
-
-
-@pytest.fixture(scope="module")
-def omni_dir() -> str:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield str(ensure_checkpoint("qwen2_5_omni", "tiny"))
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

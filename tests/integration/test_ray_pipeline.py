@@ -8,15 +8,13 @@ The first test must run before the cluster fixture connects this process to the 
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
-import tempfile
 import time
 
 import pytest
 import ray
 import ray.cloudpickle
+from ray_cluster_support import two_node_cluster
 from two_stage_support import assert_same, direct_run, prompts, two_stage_config
 
 from omni.backends.ray_session import wait_for_processes_gone
@@ -99,32 +97,8 @@ def test_private_instance_equal_results_kill_and_clean_shutdown(qwen2_dir, llama
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ray.cluster_utils import Cluster
-
-    # Short paths (Ray's sockets live below them), and RAY_TMPDIR so that the cluster's address
-    # file goes there too instead of /tmp/ray.
-    base = tempfile.mkdtemp(prefix="omni-rt-", dir="/tmp")
-    old_tmpdir = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = base
-    node_args = {"temp_dir": os.path.join(base, "ray")}
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "resources": {"node_a": 1}, **node_args},
-    )
-    try:
-        cluster.add_node(num_cpus=2, resources={"node_b": 1}, **node_args)
-        cluster.wait_for_nodes(timeout=60)
-        ray.init(address=cluster.address, logging_level="WARNING")
+    with two_node_cluster({"node_a": 1}, {"node_b": 1}) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        assert wait_for_processes_gone(base, timeout_s=15) == []
-        shutil.rmtree(base, ignore_errors=True)
-        if old_tmpdir is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = old_tmpdir
 
 
 @pytest.fixture(scope="module")

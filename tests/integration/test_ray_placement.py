@@ -18,6 +18,7 @@ import time
 import pytest
 import ray
 import ray.cloudpickle
+from ray_cluster_support import two_node_cluster
 from two_stage_support import two_stage_config
 
 from omni.backends.ray_session import wait_for_processes_gone
@@ -134,28 +135,8 @@ class Blocker:
 
 @pytest.fixture(scope="class")
 def cluster():
-    from ray.cluster_utils import Cluster
-
-    assert not ray.is_initialized(), "another test left Ray connected"
-    base = tempfile.mkdtemp(prefix="omni-rp-", dir="/tmp")
-    old_tmpdir = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = base  # the cluster's address file too, not /tmp/ray
-    node_args = {"temp_dir": os.path.join(base, "ray")}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, **node_args})
-    try:
-        cluster.add_node(num_cpus=2, **node_args)
-        cluster.wait_for_nodes(timeout=60)
-        ray.init(address=cluster.address, logging_level="WARNING")
+    with two_node_cluster() as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        assert wait_for_processes_gone(base, timeout_s=15) == []
-        shutil.rmtree(base, ignore_errors=True)
-        if old_tmpdir is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = old_tmpdir
 
 
 class TestPlacementGroups:

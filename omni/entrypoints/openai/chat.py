@@ -84,7 +84,7 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
     if body.stream:
         return StreamingResponse(job.stream(outputs, timer), media_type="text/event-stream")
     try:
-        out = await streaming.until_disconnected(request, job.collect(outputs, timer))
+        out = await streaming.until_disconnected(request, streaming.collect(outputs, timer))
     except streaming.ClientGone:
         timer.done(ok=False)
         return Response(status_code=499)
@@ -109,18 +109,6 @@ class _Job:
         self.view = streaming.TextView(text_stage, plan.stop_strings)
         self.created = int(time.time())
         self.audio_id = new_id("audio")
-
-    async def collect(self, outputs: Any, timer: Any) -> OmniOutput:
-        last = None
-        try:
-            async with contextlib.aclosing(outputs) as snapshots:
-                async for last in snapshots:
-                    timer.output()
-                    if last.finished and last.final.audio is not None:
-                        timer.first_audio()
-        finally:
-            timer.done(ok=last is not None and last.error is None)
-        return streaming.check(last)
 
     def response(self, out: OmniOutput) -> dict[str, Any]:
         text = self.view.text(out)

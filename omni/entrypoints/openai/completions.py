@@ -15,7 +15,6 @@ from omni.entrypoints.openai import sampling, streaming
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request, from_exception
 from omni.entrypoints.openai.protocol import CompletionRequest
-from omni.messages import OmniOutput
 
 ENDPOINT = "/v1/completions"
 
@@ -112,19 +111,8 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
     if body.stream:
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    async def collect() -> OmniOutput:
-        last = None
-        try:
-            async with contextlib.aclosing(outputs) as snapshots:
-                async for out in snapshots:
-                    last = out
-                    timer.output()
-        finally:
-            timer.done(ok=last is not None and last.error is None)
-        return streaming.check(last)
-
     try:
-        out = await streaming.until_disconnected(request, collect())
+        out = await streaming.until_disconnected(request, streaming.collect(outputs, timer))
     except streaming.ClientGone:
         return Response(status_code=499)
     response = chunk(view.text(out), streaming.finish_reason(out, text_stage))

@@ -14,7 +14,6 @@ audio/pcm). `stream_format` audio: the same bytes, chunked; sse: `speech.audio.d
 from __future__ import annotations
 
 import base64
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -59,18 +58,6 @@ async def create(ctx: Context, request: Request, body: SpeechRequest) -> Respons
     outputs = ctx.engine.run(prepared, plan.params, stream_steps=False)
     media_type = FORMATS[body.response_format]
 
-    async def collect() -> OmniOutput:
-        last = None
-        try:
-            async with contextlib.aclosing(outputs) as snapshots:
-                async for last in snapshots:
-                    timer.output()
-                    if last.finished and last.final.audio is not None:
-                        timer.first_audio()
-        finally:
-            timer.done(ok=last is not None and last.error is None)
-        return streaming.check(last)
-
     def encoded(out: OmniOutput) -> bytes:
         final = out.final
         if final.audio is None:
@@ -81,7 +68,7 @@ async def create(ctx: Context, request: Request, body: SpeechRequest) -> Respons
 
         async def events() -> AsyncIterator[bytes]:
             try:
-                out = await collect()
+                out = await streaming.collect(outputs, timer)
                 data = encoded(out)
             except Exception as e:  # noqa: BLE001 - reported in the stream, the status is sent
                 yield streaming.sse({"type": "error", **from_exception(e).body()})
@@ -94,7 +81,7 @@ async def create(ctx: Context, request: Request, body: SpeechRequest) -> Respons
 
         return StreamingResponse(events(), media_type="text/event-stream")
     try:
-        out = await streaming.until_disconnected(request, collect())
+        out = await streaming.until_disconnected(request, streaming.collect(outputs, timer))
     except streaming.ClientGone:
         return Response(status_code=499)
     data = encoded(out)

@@ -69,6 +69,21 @@ async def _disconnected(request: Request) -> None:
             return
 
 
+async def collect(outputs: Any, timer: Any) -> OmniOutput:
+    """A non-streamed request: run `outputs` (snapshots) to the end, timing it, and return the
+    finished output (`check`). Closing early (a client that left) aborts the request."""
+    last = None
+    try:
+        async with contextlib.aclosing(outputs) as snapshots:
+            async for last in snapshots:
+                timer.output()
+                if last.finished and last.final.audio is not None:
+                    timer.first_audio()
+    finally:
+        timer.done(ok=last is not None and last.error is None)
+    return check(last)
+
+
 def check(out: OmniOutput | None) -> OmniOutput:
     """The finished output, or the error a failed request maps to (503: a stage is down)."""
     if out is None:
