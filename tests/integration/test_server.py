@@ -25,8 +25,23 @@ import numpy as np
 import openai
 import pytest
 import torch
-from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
+from server_support import (
+    AUDIO,
+    BAD,
+    EXTRA,
+    GOOD,
+    KEY,
+    LM_NAME,
+    OMNI_NAME,
+    PARAMS,
+    PATHS,
+    THINKER,
+    VOICE,
+    data_url,
+    png,
+    wav,
+)
 
 from omni import Omni
 from omni.core.sampling_params import SamplingParams
@@ -37,52 +52,11 @@ from tools.serve_process import ServeProcess
 
 pytestmark = pytest.mark.slow
 
-KEY = "test-key"
-OMNI_NAME, LM_NAME = "tiny-omni", "tiny-lm"
-THINKER, TALKER, SEED = 8, 24, 3
-# The per-stage sampling every exact comparison uses, on the server through extra_body.
-EXTRA = {
-    "stage_sampling": {
-        "thinker": {"ignore_eos": True},
-        "talker": {"max_tokens": TALKER},
-        "token2wav": {"seed": SEED},
-    }
-}
-PARAMS = [
-    SamplingParams(max_tokens=THINKER, ignore_eos=True),
-    SamplingParams(max_tokens=TALKER, stop_token_ids=(8292, 8294)),
-    SamplingParams(max_tokens=1, seed=SEED),
-]
-VOICE = "Ethan"
-
-
-def _png(seed: int = 0) -> bytes:
-    image = Image.fromarray(np.random.default_rng(seed).integers(0, 256, (56, 56, 3), np.uint8))
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _wav(seconds: float = 1.0) -> bytes:
-    t = np.arange(int(16000 * seconds))
-    samples = (np.sin(t / 9.0) * 0.4 * 32767).astype("<i2")
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as f:
-        f.setnchannels(1)
-        f.setsampwidth(2)
-        f.setframerate(16000)
-        f.writeframes(samples.tobytes())
-    return buffer.getvalue()
-
-
-def _data_url(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
-
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     media = tmp_path_factory.mktemp("media")
-    (media / "cat.png").write_bytes(_png(1))
+    (media / "cat.png").write_bytes(png(1))
     return {
         "omni": str(ensure_checkpoint("qwen2_5_omni", "tiny")),
         "lm": str(ensure_checkpoint("qwen2", "tiny", 0)),
@@ -210,10 +184,10 @@ def test_chat_audio_matches_omni_waveform(client, reference):
 
 def test_image_and_audio_inputs(client, dirs, reference):
     content = [
-        {"type": "image_url", "image_url": {"url": _data_url(_png())}},
+        {"type": "image_url", "image_url": {"url": data_url(png())}},
         {
             "type": "input_audio",
-            "input_audio": {"data": base64.b64encode(_wav()).decode(), "format": "wav"},
+            "input_audio": {"data": base64.b64encode(wav()).decode(), "format": "wav"},
         },
         {"type": "text", "text": "what do you see and hear?"},
     ]
@@ -319,217 +293,6 @@ def test_speech(client, servers):
         base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"
     )
     assert len(data) == 2 * frames
-
-
-# ---- bad requests ------------------------------------------------------------------------------
-GOOD = {"model": OMNI_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-AUDIO = {"modalities": ["text", "audio"], "audio": {"voice": VOICE, "format": "wav"}}
-BAD = [
-    # (name, server, path, body, status, param)
-    ("missing messages", "omni", "chat", {"model": OMNI_NAME}, 400, "messages"),
-    ("missing model", "omni", "chat", {"messages": GOOD["messages"]}, 400, "model"),
-    ("messages not a list", "omni", "chat", {**GOOD, "messages": "hi"}, 400, "messages"),
-    ("empty messages", "omni", "chat", {**GOOD, "messages": []}, 400, "messages"),
-    (
-        "bad role",
-        "omni",
-        "chat",
-        {**GOOD, "messages": [{"role": "bot", "content": "x"}]},
-        400,
-        "messages[0].role",
-    ),
-    (
-        "content wrong type",
-        "omni",
-        "chat",
-        {**GOOD, "messages": [{"role": "user", "content": 5}]},
-        400,
-        "messages[0].content",
-    ),
-    ("unknown model", "omni", "chat", {**GOOD, "model": "gpt-9"}, 404, "model"),
-    ("n=2", "omni", "chat", {**GOOD, "n": 2}, 400, "n"),
-    ("negative max_tokens", "omni", "chat", {**GOOD, "max_tokens": -1}, 400, "max_tokens"),
-    ("max_tokens as string", "omni", "chat", {**GOOD, "max_tokens": "5"}, 400, "max_tokens"),
-    ("temperature too high", "omni", "chat", {**GOOD, "temperature": 7}, 400, "temperature"),
-    ("unknown field", "omni", "chat", {**GOOD, "frobnicate": 1}, 400, "frobnicate"),
-    (
-        "bad base64 image",
-        "omni",
-        "chat",
-        {
-            **GOOD,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}
-                    ],
-                }
-            ],
-        },
-        400,
-        "messages[0].content[0].image_url",
-    ),
-    (
-        "unreadable image",
-        "omni",
-        "chat",
-        {
-            **GOOD,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image_url", "image_url": {"url": _data_url(b"not an image")}}
-                    ],
-                }
-            ],
-        },
-        400,
-        "messages[0].content[0].image_url",
-    ),
-    (
-        "remote image",
-        "omni",
-        "chat",
-        {
-            **GOOD,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}
-                    ],
-                }
-            ],
-        },
-        400,
-        "messages[0].content[0].image_url",
-    ),
-    (
-        "local file outside",
-        "omni",
-        "chat",
-        {
-            **GOOD,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}
-                    ],
-                }
-            ],
-        },
-        400,
-        "messages[0].content[0].image_url",
-    ),
-    (
-        "bad input_audio",
-        "omni",
-        "chat",
-        {
-            **GOOD,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "input_audio",
-                            "input_audio": {
-                                "data": base64.b64encode(b"RIFFjunk").decode(),
-                                "format": "wav",
-                            },
-                        }
-                    ],
-                }
-            ],
-        },
-        400,
-        "messages[0].content[0].input_audio.data",
-    ),
-    (
-        "unknown voice",
-        "omni",
-        "chat",
-        {**GOOD, **AUDIO, "audio": {"voice": "alloy", "format": "wav"}},
-        400,
-        "audio.voice",
-    ),
-    (
-        "audio format",
-        "omni",
-        "chat",
-        {**GOOD, **AUDIO, "audio": {"voice": VOICE, "format": "mp3"}},
-        400,
-        "audio.format",
-    ),
-    (
-        "audio without audio param",
-        "omni",
-        "chat",
-        {**GOOD, "modalities": ["text", "audio"]},
-        400,
-        "audio",
-    ),
-    (
-        "audio of a text-only pipeline",
-        "lm",
-        "chat",
-        {**GOOD, "model": LM_NAME, **AUDIO},
-        400,
-        "modalities",
-    ),
-    (
-        "unknown stage",
-        "omni",
-        "chat",
-        {**GOOD, "stage_sampling": {"nope": {}}},
-        400,
-        "stage_sampling.nope",
-    ),
-    (
-        "bad stage field",
-        "omni",
-        "chat",
-        {**GOOD, "stage_sampling": {"talker": {"top_q": 1}}},
-        400,
-        "stage_sampling.talker.top_q",
-    ),
-    ("multi-token stop", "omni", "chat", {**GOOD, "stop": ["a long stop string"]}, 400, "stop"),
-    ("cache_salt not a string", "omni", "chat", {**GOOD, "cache_salt": 3}, 400, "cache_salt"),
-    (
-        "completions: empty prompt",
-        "lm",
-        "completions",
-        {"model": LM_NAME, "prompt": ""},
-        400,
-        "prompt",
-    ),
-    (
-        "completions: bad token id",
-        "lm",
-        "completions",
-        {"model": LM_NAME, "prompt": [1, -2]},
-        400,
-        "prompt",
-    ),
-    (
-        "speech: bad format",
-        "omni",
-        "speech",
-        {"model": OMNI_NAME, "input": "hi", "response_format": "mp3"},
-        400,
-        "response_format",
-    ),
-    ("speech: empty input", "omni", "speech", {"model": OMNI_NAME, "input": ""}, 400, "input"),
-    ("speech: text-only model", "lm", "speech", {"model": LM_NAME, "input": "hi"}, 400, "model"),
-]
-PATHS = {
-    "chat": "/v1/chat/completions",
-    "completions": "/v1/completions",
-    "speech": "/v1/audio/speech",
-}
 
 
 def test_bad_requests_name_the_field(servers, client):
