@@ -140,7 +140,7 @@ class Omni:
         future = asyncio.run_coroutine_threadsafe(every(), self._loop)
         try:
             while True:
-                item = self._get(results, future)
+                item = self._get(results)
                 if item is None:
                     future.result(timeout=WAIT_S)  # re-raises what ended the requests
                     return
@@ -199,7 +199,7 @@ class Omni:
         finally:
             future.cancel()
 
-    def _get(self, results: queue.Queue[StageResult | None], future: Any) -> StageResult | None:
+    def _get(self, results: queue.Queue[StageResult | None]) -> StageResult | None:
         while True:
             try:
                 return results.get(timeout=WAIT_S)
