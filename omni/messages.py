@@ -50,6 +50,12 @@ class StageInput:
     """Adapter-specific inputs: upstream embeddings, pixel values, audio features, ..."""
     generation_key: str | None = None
     """What besides token ids determines the inputs at generated positions (see Request)."""
+    input_complete: bool = True
+    """False: the upstream stage is still generating this input; `InputDelta`s bring the rest
+    and the engine feeds only the positions whose inputs have arrived."""
+    stream_outputs: bool = False
+    """Report each step's new per-token output rows in StageUpdate.tensors (a streaming
+    consumer needs them before the request finishes)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,37 @@ class RoutedInput:
     prompt: PromptInput
     """The original request, as the root stages got it (without large encoder inputs)."""
     sampling_params: SamplingParams
+    streaming: bool = False
+    """The upstream results are partial (finish_reason None): `RoutedDelta`s bring the rest."""
+    stream_outputs: bool = False
+    """As StageInput.stream_outputs (this stage has a streaming consumer that needs rows)."""
+
+
+@dataclass(frozen=True)
+class RoutedDelta:
+    """The next piece of a streaming request's upstream result, for a stage already running it;
+    the edge's delta processor (omni/registry.py: EdgeStreaming) turns it into an InputDelta."""
+
+    request_id: str
+    piece: StageResult
+    """The upstream's new tokens (and, if the edge needs rows, their per-token tensors); its
+    finish_reason is set on the last piece."""
+    offset: int
+    """Upstream tokens sent before this piece: pieces may arrive out of order and are applied
+    in order."""
+
+
+@dataclass(frozen=True)
+class InputDelta:
+    """More input for a request a stage runs with input_complete=False."""
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    """Appended to the request's prompt (e.g. a vocoder's codec codes)."""
+    extras: Mapping[str, Any] = field(default_factory=dict)
+    """Adapter-specific new inputs (e.g. the thinker's new hidden-state rows)."""
+    finished: bool = False
+    """The upstream is done: no more input will come."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +144,12 @@ class StageUpdate:
     stage: str
     new_token_ids: list[int]
     num_cached_tokens: int
+    tensors: Mapping[str, Any] = field(default_factory=dict)
+    """New per-token output rows (stream_outputs requests): rows of the positions this step
+    computed, continuing those reported before."""
+    audio: Any = None
+    """A new waveform chunk (a streaming vocoder), continuing the chunks reported before."""
+    sample_rate: int | None = None
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,45 @@ ADAPTERS: dict[str, object] = {}
 INPUT_PROCESSORS: dict[str, Callable[..., Any]] = {}
 """Registered input processors (an upstream stage's output -> the next stage's input)."""
 
+
+@dataclass(frozen=True)
+class EdgeStreaming:
+    """How an input processor lets its stage start a streaming request before the upstream stage
+    has finished it (stage config `stream.enabled`)."""
+
+    min_upstream_tokens: int
+    """Upstream tokens generated before the processor can build the stage's first input."""
+    needs_rows: bool
+    """Whether later input needs the upstream's per-token output rows (StageUpdate.tensors)."""
+    delta: str
+    """"module:attr" of fn(piece: StageResult) -> InputDelta, run where the stage runs: turns the
+    upstream's next piece (new tokens and rows; finish_reason set on the last) into input."""
+
+
+# Torch-free, like the adapter specs: the driver decides when to start a streaming consumer.
+EDGE_STREAMING: dict[str, EdgeStreaming] = {
+    "thinker_to_talker": EdgeStreaming(2, True, "stages.qwen2_5_omni.processors:thinker_delta"),
+    "thinker_to_talker_unmasked": EdgeStreaming(
+        2, True, "stages.qwen2_5_omni.processors:thinker_delta"
+    ),
+    "talker_to_token2wav": EdgeStreaming(1, False, "stages.qwen2_5_omni.processors:talker_delta"),
+}
+"""Input processors that can stream, by name (see EdgeStreaming)."""
+
+
+def get_edge_streaming(processor: str | None) -> EdgeStreaming | None:
+    """How input processor `processor` streams, or None if it cannot."""
+    return None if processor is None else EDGE_STREAMING.get(processor)
+
+
+def get_delta_processor(processor: str) -> Callable[..., Any]:
+    """The delta function of a streaming input processor (imported on first use)."""
+    spec = EDGE_STREAMING.get(processor)
+    if spec is None:
+        raise ValueError(f"input processor {processor!r} cannot stream (no EdgeStreaming)")
+    return _import(spec.delta)
+
+
 _LAZY_INPUT_PROCESSORS: dict[str, str] = {
     "hidden_to_embeds": "stages.two_stage:hidden_to_embeds",
     "thinker_to_talker": "stages.qwen2_5_omni.processors:thinker_to_talker",

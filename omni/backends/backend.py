@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from omni.messages import RoutedInput, StageEvent, StageInput, StageResult
+from omni.messages import RoutedDelta, RoutedInput, StageEvent, StageInput, StageResult
 
 
 class StageBackend(Protocol):
-    def submit(self, stage: str, items: Sequence[StageInput | RoutedInput]) -> None:
+    def submit(self, stage: str, items: Sequence[StageInput | RoutedInput | RoutedDelta]) -> None:
         """Queue work; items that fail validation come back from `poll` as error results."""
 
     def poll(self, timeout_s: float) -> list[StageEvent]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from omni.config import OmniConfig
 from omni.host import Processor, StageHost
-from omni.messages import RoutedInput, StageDied, StageEvent, StageInput, StageResult
+from omni.messages import RoutedDelta, RoutedInput, StageDied, StageEvent, StageInput, StageResult
 
 IDLE_WAIT_S = 0.5  # the stepping thread re-checks for shutdown at least this often
 
@@ -90,7 +90,7 @@ class LocalBackend:
             )
 
     # ---- StageBackend -------------------------------------------------------------------------
-    def submit(self, stage: str, items: Sequence[StageInput | RoutedInput]) -> None:
+    def submit(self, stage: str, items: Sequence[StageInput | RoutedInput | RoutedDelta]) -> None:
         self.hosts[stage].submit(items)
 
     def poll(self, timeout_s: float) -> list[StageEvent]:

@@ -17,10 +17,10 @@ from typing import Any
 
 import ray
 
-from omni.backends.transport import pack_result, unpack_input, unpack_result
+from omni.backends.transport import pack_event, pack_result, unpack_input, unpack_result
 from omni.config import StageConfig
 from omni.host import Processor, StageHost
-from omni.messages import RoutedInput, StageEvent, StageInput, StageResult
+from omni.messages import RoutedDelta, RoutedInput, StageEvent, StageInput, StageResult
 
 
 @ray.remote
@@ -55,11 +55,11 @@ class StageActor:
             "torch_threads": torch.get_num_threads(),
         }
 
-    def submit(self, items: list[StageInput | RoutedInput]) -> None:
+    def submit(self, items: list[StageInput | RoutedInput | RoutedDelta]) -> None:
         self.host.submit([unpack_input(item) for item in items])
 
     def poll(self, timeout_s: float) -> list[StageEvent]:
-        return self.host.poll(timeout_s)
+        return [pack_event(event) for event in self.host.poll(timeout_s)]
 
     def abort(self, request_ids: list[str]) -> None:
         self.host.abort(request_ids)

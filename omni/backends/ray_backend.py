@@ -28,10 +28,10 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from omni.backends.ray_session import RaySession, ray_error_cause
-from omni.backends.transport import pack_input, unpack_result
+from omni.backends.transport import pack_input, unpack_event, unpack_result
 from omni.config import ConfigError, OmniConfig, check_resources
 from omni.host import Processor
-from omni.messages import RoutedInput, StageDied, StageEvent, StageInput, StageResult
+from omni.messages import RoutedDelta, RoutedInput, StageDied, StageEvent, StageInput, StageResult
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,9 @@ class RayBackend:
         self._polls: dict[Any, str] = {}  # outstanding poll ref -> stage
         self._calls: dict[Any, str] = {}  # outstanding submit ref -> stage
         self._starting: dict[Any, str] = {}  # ready ref of a replacement actor -> stage
-        self._held: dict[str, list[StageInput | RoutedInput]] = {}  # restarting stage -> submits
+        self._held: dict[
+            str, list[StageInput | RoutedInput | RoutedDelta]
+        ] = {}  # restarting stage -> submits
         self._dead: dict[str, str] = {}  # stage gone for good -> why
         self.pg: PlacementGroup | None = None  # runtime.placement pack/spread
         self._bundle = {name: i for i, name in enumerate(config.topological_order())}
@@ -173,7 +175,7 @@ class RayBackend:
         self._polls[self.actors[name].poll.remote(ACTOR_POLL_S)] = name
 
     # ---- StageBackend -------------------------------------------------------------------------
-    def submit(self, stage: str, items: Sequence[StageInput | RoutedInput]) -> None:
+    def submit(self, stage: str, items: Sequence[StageInput | RoutedInput | RoutedDelta]) -> None:
         wire = [pack_input(item) for item in items]
         with self._lock:
             if stage in self._held:
@@ -209,7 +211,7 @@ class RayBackend:
         except ray.exceptions.RayError as e:  # the actor died, or its host's loop did
             return [self._replace(stage, e)]
         self._start_poll(stage)
-        return batch
+        return [unpack_event(event) for event in batch]
 
     def _replace(self, stage: str, e: BaseException) -> StageDied:
         why = f"stage {stage!r}: its Ray actor died ({type(e).__name__}: {ray_error_cause(e)})"

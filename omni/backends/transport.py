@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni.messages import RoutedInput, StageInput, StageResult
+from omni.messages import RoutedDelta, RoutedInput, StageEvent, StageInput, StageResult, StageUpdate
 
 # numpy has no bfloat16: such tensors travel as their raw 16-bit patterns.
 _RAW_VIEW = {torch.bfloat16: torch.int16}
@@ -93,16 +93,43 @@ def light_result(result: StageResult) -> StageResult:
     return dataclasses.replace(result, tensors={}, audio=None)
 
 
-def pack_input(item: StageInput | RoutedInput) -> StageInput | RoutedInput:
-    """Tensors of a stage's input (root extras, or the original prompt's) as WireTensors."""
+Item = StageInput | RoutedInput | RoutedDelta
+
+
+def pack_input(item: Item) -> Item:
+    """Tensors of a stage's input (root extras, the original prompt's, a streamed partial
+    upstream result or piece) as WireTensors."""
     if isinstance(item, StageInput):
         return dataclasses.replace(item, extras=pack(item.extras))
+    if isinstance(item, RoutedDelta):
+        return dataclasses.replace(item, piece=pack_result(item.piece))
     prompt = dataclasses.replace(item.prompt, extras=pack(item.prompt.extras))
-    return dataclasses.replace(item, prompt=prompt)
+    upstream = item.upstream
+    if item.streaming:  # partial results by value (finished ones are object-store refs)
+        upstream = {k: pack_result(v) for k, v in upstream.items()}
+    return dataclasses.replace(item, prompt=prompt, upstream=upstream)
 
 
-def unpack_input(item: StageInput | RoutedInput) -> StageInput | RoutedInput:
+def unpack_input(item: Item) -> Item:
     if isinstance(item, StageInput):
         return dataclasses.replace(item, extras=unpack(item.extras))
+    if isinstance(item, RoutedDelta):
+        return dataclasses.replace(item, piece=unpack_result(item.piece))
     prompt = dataclasses.replace(item.prompt, extras=unpack(item.prompt.extras))
-    return dataclasses.replace(item, prompt=prompt)
+    upstream = item.upstream
+    if item.streaming:
+        upstream = {k: unpack_result(v) for k, v in upstream.items()}
+    return dataclasses.replace(item, prompt=prompt, upstream=upstream)
+
+
+def pack_event(event: StageEvent) -> StageEvent:
+    """A step's streamed rows and audio chunk as WireTensors (other events carry none)."""
+    if isinstance(event, StageUpdate) and (event.tensors or event.audio is not None):
+        return dataclasses.replace(event, tensors=pack(event.tensors), audio=pack(event.audio))
+    return event
+
+
+def unpack_event(event: StageEvent) -> StageEvent:
+    if isinstance(event, StageUpdate) and (event.tensors or event.audio is not None):
+        return dataclasses.replace(event, tensors=unpack(event.tensors), audio=unpack(event.audio))
+    return event

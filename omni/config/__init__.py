@@ -8,6 +8,7 @@ from omni.config.schema import (
     ResourcesConfig,
     RuntimeConfig,
     StageConfig,
+    StreamConfig,
 )
 from omni.config.validate import ConfigError, check_resources
 
@@ -20,6 +21,7 @@ __all__ = [
     "ResourcesConfig",
     "RuntimeConfig",
     "StageConfig",
+    "StreamConfig",
     "check_resources",
     "config_for_model",
     "load_config",

@@ -31,7 +31,14 @@ from omni.config.validate import (
 from omni.config.validate import ConfigError as ConfigError  # re-exported: callers catch it
 from omni.config.validate import check_resources as check_resources  # re-exported
 from omni.core.sampling_params import SamplingParams
-from omni.registry import ADAPTER_KINDS, get_adapter_spec, known_adapters, known_input_processors
+from omni.registry import (
+    ADAPTER_KINDS,
+    EDGE_STREAMING,
+    get_adapter_spec,
+    get_edge_streaming,
+    known_adapters,
+    known_input_processors,
+)
 
 HASH_ALGOS = ("xxhash", "sha256")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -132,6 +139,33 @@ class ResourcesConfig:
 
 
 @dataclass(frozen=True)
+class StreamConfig:
+    """How this stage takes a streaming request (stream_audio) while its upstream stage is still
+    generating it, and, for a generation stage, the chunks it decodes."""
+
+    enabled: bool = False
+    """Start a streaming request as soon as the upstream produced what the input processor
+    needs, and take the rest as it arrives; false: wait until the upstream has finished it."""
+    first_chunk_size: int = 10
+    """Input tokens (e.g. codec codes) in a request's first output chunk: small, for latency."""
+    chunk_size: int = 50
+    """Input tokens in each later output chunk."""
+    left_context: int | None = None
+    """Input tokens before a chunk that its decode also sees; null: the adapter's default."""
+    look_ahead: int | None = None
+    """Input tokens after a chunk that must have arrived (unless the input is complete) and that
+    its decode also sees; null: the adapter's default."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("first_chunk_size", "chunk_size"):
+            require(getattr(self, name) >= 1, self, name, "an integer >= 1")
+        for name in ("left_context", "look_ahead"):
+            ok = getattr(self, name) is None or getattr(self, name) >= 0
+            require(ok, self, name, "an integer >= 0 or null")
+
+
+@dataclass(frozen=True)
 class StageConfig:
     """One stage of the pipeline: a model in its own actor with its own engine."""
 
@@ -153,6 +187,8 @@ class StageConfig:
     """What this stage's actor reserves."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     """Default sampling for this stage when a request brings none."""
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    """Streaming input (start before the upstream finished) and output chunks."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -179,6 +215,12 @@ class StageConfig:
             known = known_input_processors()
             expected = "set for a stage with inputs, " + (one_of(known) if known else "none known")
             require(self.input_processor in known, self, "input_processor", expected)
+        if self.stream.enabled:
+            streams = get_edge_streaming(self.input_processor) is not None and len(inputs) == 1
+            expected = "a stage with one input whose input_processor can stream, one of " + str(
+                sorted(EDGE_STREAMING)
+            )
+            require(streams, self, "stream.enabled", expected, self.input_processor)
 
     @property
     def num_threads(self) -> int:

@@ -70,6 +70,9 @@ class Request:
         self.num_cached_tokens = -1  # prefix-cache hit tokens at first scheduling; -1 = not yet
         self.status = RequestStatus.WAITING
         self.num_preemptions = 0
+        # Positions whose inputs have arrived (None: all). A request whose upstream stage is still
+        # generating its inputs (streaming) feeds nothing at or past this position until more come.
+        self.input_limit: int | None = None
         # Memo of the full blocks' chained hashes and token bytes (block_hash.hash_request_blocks).
         self.block_hashes: list[bytes] = []
         self.block_token_bytes: list[bytes] = []
@@ -96,6 +99,19 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.finished
+
+    @property
+    def is_runnable(self) -> bool:
+        """Whether it has a position to feed whose input has arrived."""
+        return self.input_limit is None or self.num_computed_tokens < self.input_limit
+
+    def num_feedable(self, start: int | None = None) -> int:
+        """Tokens it could feed from `start` (default: num_computed_tokens) up to its last token,
+        not past its input limit."""
+        end = (
+            self.num_tokens if self.input_limit is None else min(self.num_tokens, self.input_limit)
+        )
+        return end - (self.num_computed_tokens if start is None else start)
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         if isinstance(token_ids, int):

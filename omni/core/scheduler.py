@@ -1,7 +1,9 @@
 """Continuous batching with chunked prefill, prefix-cache lookup and preemption by recompute.
 
 Each step: running requests first (decodes and unfinished prefill chunks, oldest first), then
-waiting ones in arrival order, all under a token budget and a sequence cap. When the pool cannot
+waiting ones in arrival order, all under a token budget and a sequence cap. A running request
+waiting for input (its upstream stage still generating it: `Request.input_limit`) is skipped
+without holding the others back; it keeps its blocks and its place. When the pool cannot
 hold a running request's next tokens, the most recently admitted running request is preempted:
 its blocks are freed (their cached prefix usually survives) and it waits at the front of the
 queue, to be resumed later by recomputing only what the prefix cache no longer holds.
@@ -81,6 +83,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def has_ready_work(self) -> bool:
+        """Whether a step would feed anything (not every request is waiting for input)."""
+        return bool(self.waiting) or any(r.is_runnable for r in self.running)
+
     # ---- scheduling ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
@@ -91,7 +98,10 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_feedable(), budget)
+            if num_new <= 0:
+                index += 1  # waiting for its upstream's next input
+                continue
             while (new_block_ids := self.kv.allocate_slots(request, num_new)) is None:
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -115,13 +125,19 @@ class Scheduler:
         ):
             request = self.waiting[0]
             hit_ids, num_hit_tokens = self.kv.get_computed_blocks(request)
+            if request.input_limit is not None:  # a hit may not end past the inputs that came
+                num_within = max(request.input_limit - 1, 0) // self.block_size
+                hit_ids = hit_ids[:num_within]
+                num_hit_tokens = min(num_hit_tokens, num_within * self.block_size)
             num_refused = 0
             if hit_ids and self.hit_filter is not None:
                 num_usable = self.hit_filter(hit_ids, pending_rows)
                 num_refused = len(hit_ids) - num_usable
                 hit_ids = hit_ids[:num_usable]
                 num_hit_tokens = num_usable * self.block_size
-            num_new = min(request.num_tokens - num_hit_tokens, budget)
+            num_new = min(request.num_feedable(start=num_hit_tokens), budget)
+            if num_new <= 0:
+                break  # its inputs have not come yet (not reached: an input limit is >= 1)
             new_block_ids = self.kv.allocate_slots(request, num_new, num_hit_tokens, hit_ids)
             if new_block_ids is None:
                 break

@@ -65,11 +65,17 @@ class PipelineDriver:
         *,
         final_stage: str | None = None,
         stream_steps: bool = True,
+        stream: bool = False,
     ) -> None:
         with self._lock:
             self._check_running()
             self.router.add(
-                prompt, params, sink, final_stage=final_stage, stream_steps=stream_steps
+                prompt,
+                params,
+                sink,
+                final_stage=final_stage,
+                stream_steps=stream_steps,
+                stream=stream,
             )
 
     def abort(self, request_id: str, reason: str | None = None) -> bool:

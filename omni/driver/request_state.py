@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from omni.core.sampling_params import SamplingParams
 from omni.driver.incremental_text import IncrementalText
 from omni.messages import OmniOutput, PromptInput, StageResult, StageUpdate
@@ -45,13 +47,32 @@ class RequestState:
     added: float = field(default_factory=time.monotonic)
     last_progress: float = field(default_factory=time.monotonic)
     first_token_s: dict[str, float] = field(default_factory=dict)  # stage -> since added
+    stream: bool = False
+    """Streaming edges start their consumer early and vocoders send audio in chunks."""
+    rows: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # stage -> streamed rows
+    streamed: dict[str, int] = field(default_factory=dict)  # consumer -> upstream tokens sent
+    rows_streamed: dict[str, tuple[int, int]] = field(default_factory=dict)  # (parts, rows) sent
+    audio: dict[str, list[Any]] = field(default_factory=dict)  # stage -> waveform chunks so far
+    sample_rate: dict[str, int] = field(default_factory=dict)
+    first_audio_s: float | None = None
 
     # ---- what the stages report -----------------------------------------------------------------
     def record_update(self, update: StageUpdate) -> None:
         self.tokens.setdefault(update.stage, []).extend(update.new_token_ids)
         self.num_cached[update.stage] = update.num_cached_tokens
         self.last_progress = time.monotonic()
-        self.first_token_s.setdefault(update.stage, self.last_progress - self.added)
+        if update.new_token_ids:
+            self.first_token_s.setdefault(update.stage, self.last_progress - self.added)
+        if update.tensors:
+            rows = self.rows.setdefault(update.stage, {})
+            for name, value in update.tensors.items():
+                rows.setdefault(name, []).append(value)
+        if update.audio is not None:
+            self.audio.setdefault(update.stage, []).append(update.audio)
+            if update.sample_rate:
+                self.sample_rate[update.stage] = update.sample_rate
+            if self.first_audio_s is None and len(update.audio):
+                self.first_audio_s = self.last_progress - self.added
 
     def record_finished(self, full: StageResult, payload: Any, decode: Decode) -> StageResult:
         """Keep a stage's full result (the caller's id, decoded text, pipeline timings)."""
@@ -64,10 +85,13 @@ class RequestState:
         timings = {**full.timings, "finished_s": self.last_progress - self.added}
         if stage in self.first_token_s:
             timings["first_token_s"] = self.first_token_s[stage]
+        self.rows.pop(stage, None)
+        self.audio.pop(stage, None)
         if full.audio is not None and full.sample_rate:
-            # Whole-sequence vocoding: the first audio is all of it. RTF: the request's time in
-            # the pipeline per second of audio.
-            timings["first_audio_s"] = timings["finished_s"]
+            # Streamed: when the first chunk came; whole-sequence vocoding: the first audio is
+            # all of it. RTF: the request's time in the pipeline per second of audio.
+            first = self.first_audio_s if self.first_audio_s is not None else timings["finished_s"]
+            timings["first_audio_s"] = first
             seconds = full.audio.numel() / full.sample_rate
             if seconds > 0:
                 timings["rtf"] = timings["finished_s"] / seconds
@@ -119,6 +143,7 @@ class RequestState:
         text = self.texts.setdefault(stage, IncrementalText()).update(
             tokens, lambda token_ids: decode(stage, token_ids)
         )
+        chunks = self.audio.get(stage)
         return StageResult(
             self.user_id,
             stage,
@@ -127,7 +152,17 @@ class RequestState:
             finish_reason=None,
             num_cached_tokens=self.num_cached.get(stage, 0),
             text=text,
+            audio=_joined(chunks) if chunks else None,
+            sample_rate=self.sample_rate.get(stage),
+            timings={} if self.first_audio_s is None else {"first_audio_s": self.first_audio_s},
         )
+
+
+def _joined(chunks: list[Any]) -> Any:
+    """The waveform so far; kept joined so that each snapshot costs one concatenation."""
+    if len(chunks) > 1:
+        chunks[:] = [torch.cat(chunks)]
+    return chunks[0]
 
 
 def _nbytes(value: Any) -> int:

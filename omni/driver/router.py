@@ -29,6 +29,7 @@ from omni.backends.backend import StageBackend
 from omni.config import OmniConfig
 from omni.core.sampling_params import SamplingParams
 from omni.driver.request_state import Decode, RequestState, Sink
+from omni.driver.stream_edges import Routed, StreamEdges
 from omni.messages import (
     Finished,
     OmniOutput,
@@ -58,6 +59,7 @@ class Router:
         self._recent: OrderedDict[str, None] = OrderedDict()  # stage ids used lately
         self._reuses = itertools.count(1)
         self._needed_memo: dict[str, set[str]] = {}
+        self.streams = StreamEdges(config)
 
     # ---- requests -----------------------------------------------------------------------------
     def add(
@@ -68,10 +70,12 @@ class Router:
         *,
         final_stage: str | None = None,
         stream_steps: bool = True,
+        stream: bool = False,
     ) -> None:
         """Start a request in the root stages it needs; final_stage ends it early (e.g. text
-        without speech: the stages after it never see it). A ValueError if its id is live or
-        final_stage is unknown, a RuntimeError if a stage it needs is dead for good."""
+        without speech: the stages after it never see it). stream: its streaming edges start
+        their consumers before the upstream has finished (stream_edges.py). A ValueError if its
+        id is live or final_stage is unknown, a RuntimeError if a stage it needs is dead."""
         user_id = prompt.request_id
         if user_id in self._live:
             raise ValueError(f"request_id {user_id!r} is already running")
@@ -89,7 +93,9 @@ class Router:
         while len(self._recent) > RECENT_IDS_KEPT:
             self._recent.popitem(last=False)
         prompt = dataclasses.replace(prompt, request_id=request_id)
-        tracked = RequestState(prompt, user_id, params, sink, final, stream_steps=stream_steps)
+        tracked = RequestState(
+            prompt, user_id, params, sink, final, stream_steps=stream_steps, stream=stream
+        )
         self.requests[request_id] = tracked
         self._live[user_id] = request_id
         for root in self.config.root_stages:
@@ -102,6 +108,7 @@ class Router:
                 tuple(prompt.mm_inputs),
                 prompt.cache_salt,
                 dict(prompt.extras),
+                stream_outputs=stream and self.streams.needs_rows(root.name, needed),
             )
             tracked.inflight.add(root.name)
             self.backend.submit(root.name, [stage_input])
@@ -128,12 +135,12 @@ class Router:
         """Route a batch of events (one submit per consumer), then send each advanced request
         one snapshot."""
         advanced: set[str] = set()
-        routed: dict[str, list[RoutedInput]] = {}
+        routed: Routed = {}
         for event in events:
             if isinstance(event, StageDied):
                 self._stage_died(event)
             elif isinstance(event, StageUpdate):
-                if self._on_update(event) and self.requests[event.request_id].stream_steps:
+                if self._on_update(event, routed) and self.requests[event.request_id].stream_steps:
                     advanced.add(event.request_id)
             elif self._on_finished(event, routed):
                 advanced.add(event.result.request_id)
@@ -172,14 +179,16 @@ class Router:
         for request_id in list(self.requests):
             self.fail(request_id, None, error)
 
-    def _on_update(self, update: StageUpdate) -> bool:
+    def _on_update(self, update: StageUpdate, routed: Routed) -> bool:
         tracked = self.requests.get(update.request_id)
         if tracked is None or update.stage not in tracked.inflight:
             return False  # stale
         tracked.record_update(update)
+        if tracked.stream:
+            self.streams.on_update(tracked, update, self._needed(tracked.final), routed)
         return True
 
-    def _on_finished(self, item: Finished, routed: dict[str, list[RoutedInput]]) -> bool:
+    def _on_finished(self, item: Finished, routed: Routed) -> bool:
         request_id, stage = item.result.request_id, item.result.stage
         tracked = self.requests.get(request_id)
         if tracked is None or stage not in tracked.inflight:
@@ -189,13 +198,21 @@ class Router:
         if item.result.error is not None:
             self._complete(request_id, result)
             return False
-        if stage == tracked.final:
+        if tracked.final in tracked.results and not tracked.inflight:
+            # Complete once every stage is done: a streamed final stage may finish before an
+            # upstream one (a talker that stops early while the thinker is still writing).
             self._complete(request_id, None)
             return False
+        if stage == tracked.final:
+            return True
         needed = self._needed(tracked.final)
+        if tracked.stream:
+            self.streams.on_finished(tracked, full, routed)
         for consumer in self.config.consumers(stage):
-            if consumer.name in needed and all(
-                name in tracked.payloads for name in consumer.inputs
+            if (
+                consumer.name in needed
+                and consumer.name not in tracked.streamed
+                and all(name in tracked.payloads for name in consumer.inputs)
             ):
                 upstream = {name: tracked.payloads[name] for name in consumer.inputs}
                 prompt = tracked.routed_prompt()

@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import torch
 
-from omni.messages import EngineOutput, StageInput, StageResult
+from omni.messages import EngineOutput, InputDelta, StageInput, StageResult
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -19,6 +19,9 @@ class Engine(Protocol):
     def add_request(self, stage_input: StageInput) -> None:
         """Validate and queue; a ValueError leaves the engine and other requests untouched."""
 
+    def extend_request(self, delta: InputDelta) -> None:
+        """More input for a request added with input_complete=False (ValueError if unknown)."""
+
     def step(self) -> EngineOutput:
         """Advance every scheduled request by one step."""
 
@@ -29,7 +32,12 @@ class Engine(Protocol):
         """After a step raised: drop every request and whatever cache state it may have spoiled."""
 
     @property
-    def has_unfinished(self) -> bool: ...
+    def has_unfinished(self) -> bool:
+        """Whether it holds any request."""
+
+    @property
+    def has_ready_work(self) -> bool:
+        """Whether a step would do anything now (some request is not waiting for input)."""
 
     @property
     def num_requests(self) -> int:

@@ -1,28 +1,66 @@
 """GenerationEngine: a non-autoregressive stage (e.g. a vocoder) behind StageEngine's interface.
 
-Such a stage has no KV cache, scheduler or sampler: each request is one call of its adapter's
-`generate(stage_input, seed) -> waveform`. `step()` runs up to `engine.max_num_seqs` pending
-requests in arrival order and returns their results, so a stage host drives it exactly like an
-AR stage (the `Engine` contract in omni/engine/engine.py).
+Such a stage has no KV cache, scheduler or sampler. A request added with its whole input
+(input_complete=True) is one call of its adapter's `generate(stage_input, seed) -> waveform`.
+A streaming request (input_complete=False: the upstream stage is still generating its codes,
+`extend_request` brings the rest) is decoded in chunks as its codes arrive: chunk k covers
+codes [b_k, b_{k+1}), b_0 = 0, b_1 = stream.first_chunk_size, later chunks stream.chunk_size
+long, and is ready once its codes and `look_ahead` more have come, or the input is complete
+(the last chunk takes what is left). `step()` runs up to `engine.max_num_seqs` work items, whole
+requests one by one and all ready chunks in ONE `decode_chunks` call, ranked by chunk index,
+then arrival (a request's first audio goes ahead of other requests' later chunks). A stage host
+drives it like an AR stage (the `Engine` contract in omni/engine/engine.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from omni.config import StageConfig
 from omni.engine.engine import run_until_done
-from omni.messages import EngineOutput, StageInput, StageResult
+from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
 from omni.registry import get_adapter
-from omni.runtime.stage_model import GenerationModel
+from omni.runtime.stage_model import ChunkedGenerationModel, ChunkJob, GenerationModel
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Stream:
+    """A streaming request's state: its codes so far and the chunks it has emitted."""
+
+    stage_input: StageInput
+    arrival: float
+    order: int  # arrival order, shared with whole requests
+    seed: int
+    token_ids: list[int]
+    input_complete: bool = False
+    num_emitted_tokens: int = 0  # chunks cover [0, num_emitted_tokens)
+    chunks: list[torch.Tensor] = field(default_factory=list)
+    first_audio_s: float | None = None
+
+    @property
+    def done(self) -> bool:
+        """All of its (complete) input has been decoded."""
+        return self.input_complete and self.num_emitted_tokens == len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One item of a step: a whole request (start == end == 0) or one chunk of a stream."""
+
+    rank: tuple[int, int]  # (chunk index, arrival order): the order items are taken in
+    request_id: str
+    start: int = 0
+    end: int = 0
 
 
 class GenerationEngine:
@@ -32,22 +70,60 @@ class GenerationEngine:
         self.model: GenerationModel = model or get_adapter(config.adapter)(
             config.model, dtype=torch.float32
         )
-        self._pending: OrderedDict[str, tuple[StageInput, float]] = OrderedDict()
+        self._pending: OrderedDict[str, tuple[StageInput, float, int]] = OrderedDict()
+        self._streams: dict[str, _Stream] = {}
+        self._order = itertools.count()
         self.num_steps = 0
         self.num_finished = 0
+        self.num_chunks = 0
         self.busy_s = 0.0
-        self.audio_s = 0.0  # seconds of audio produced
+        self.audio_s = 0.0  # seconds of audio produced (whole requests and chunks)
 
+    # ---- requests -----------------------------------------------------------------------------
     def add_request(self, stage_input: StageInput) -> None:
         """Validate and queue; a ValueError leaves the engine and other requests untouched."""
         rid = stage_input.request_id
-        if rid in self._pending:
+        if rid in self._pending or rid in self._streams:
             raise ValueError(f"request_id {rid!r} is already in stage {self.name!r}")
+        if not stage_input.input_complete and not isinstance(self.model, ChunkedGenerationModel):
+            raise ValueError(f"request {rid!r}: stage {self.name!r} cannot decode in chunks")
         try:
             self.model.check_inputs(stage_input)  # adapter hook (StageModelBase: accepts all)
         except ValueError as e:
             raise ValueError(f"request {rid!r}: {e}") from e
-        self._pending[rid] = (stage_input, time.perf_counter())
+        arrival, order = time.perf_counter(), next(self._order)
+        if stage_input.input_complete:
+            self._pending[rid] = (stage_input, arrival, order)
+            return
+        seed = stage_input.sampling_params.seed
+        self._streams[rid] = _Stream(
+            stage_input,
+            arrival,
+            order,
+            self.config.engine.seed if seed is None else seed,
+            list(stage_input.prompt_token_ids),
+        )
+
+    def extend_request(self, delta: InputDelta) -> None:
+        """More codes for a streaming request; a ValueError (unknown request, input already
+        complete, codes the model refuses) leaves the request as it was."""
+        stream = self._streams.get(delta.request_id)
+        if stream is None:
+            raise ValueError(f"request {delta.request_id!r} is not streaming in {self.name!r}")
+        if stream.input_complete:
+            raise ValueError(f"request {delta.request_id!r}: its input is already complete")
+        if delta.extras:
+            raise ValueError(f"request {delta.request_id!r}: {self.name!r} takes no delta extras")
+        if delta.new_token_ids:
+            token_ids = stream.token_ids + list(delta.new_token_ids)
+            try:
+                self.model.check_inputs(
+                    dataclasses.replace(stream.stage_input, prompt_token_ids=token_ids)
+                )
+            except ValueError as e:
+                raise ValueError(f"request {delta.request_id!r}: {e}") from e
+            stream.token_ids = token_ids
+        stream.input_complete = delta.finished
 
     def abort(self, request_ids: list[str]) -> list[StageResult]:
         results = []
@@ -55,69 +131,176 @@ class GenerationEngine:
             item = self._pending.pop(rid, None)
             if item is not None:
                 results.append(self._result(item[0], "aborted", item[1]))
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                results.append(self._stream_result(stream, "aborted"))
         return results
 
     def fail_all(self) -> list[StageResult]:
-        """After a step raised: drop every pending request (this stage keeps no cache)."""
-        return self.abort(list(self._pending))
+        """After a step raised: drop every request (this stage keeps no cache)."""
+        return self.abort([*self._pending, *self._streams])
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self._pending)
+        """Whether it holds any request (a stream may be waiting for codes)."""
+        return bool(self._pending or self._streams)
+
+    @property
+    def has_ready_work(self) -> bool:
+        """Whether step() would do anything now: a whole request, a ready chunk, or a stream
+        whose complete input is all decoded (it finishes)."""
+        return bool(self._pending) or any(
+            s.done or self._ready_chunks(s) for s in self._streams.values()
+        )
 
     @property
     def num_requests(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._streams)
 
+    # ---- the loop -----------------------------------------------------------------------------
     def step(self) -> EngineOutput:
-        batch = [self._pending.popitem(last=False)[1] for _ in range(self._batch_size())]
-        if not batch:
+        work = self._schedule()
+        if not work and not any(s.done for s in self._streams.values()):
             return EngineOutput()
         self.num_steps += 1
         start = time.perf_counter()
-        results = []
         failed: dict[str, Exception] = {}
-        for stage_input, arrival in batch:
-            seed = stage_input.sampling_params.seed
-            try:
-                audio = self.model.generate(
-                    stage_input, self.config.engine.seed if seed is None else seed
-                )
-            except Exception as e:  # one broken request fails alone; its host reports it
-                failed[stage_input.request_id] = e
-                continue
-            result = self._result(stage_input, "stopped", arrival)
-            results.append(
-                dataclasses.replace(result, audio=audio, sample_rate=self.model.sample_rate)
-            )
+        results = [
+            self._generate(self._pending.pop(w.request_id), failed) for w in work if w.end == 0
+        ]
+        chunks = [w for w in work if w.end > 0]
+        updates = self._decode(chunks, failed) if chunks else []
+        for rid in [rid for rid, s in self._streams.items() if s.done]:
+            results.append(self._stream_result(self._streams.pop(rid), "stopped"))
+        finished = [r for r in results if r is not None]
         self.busy_s += time.perf_counter() - start
-        self.num_finished += len(results)
-        self.audio_s += sum(r.audio.numel() for r in results) / self.model.sample_rate
-        return EngineOutput(finished=results, failed=failed)
+        self.num_finished += len(finished)
+        return EngineOutput(updates=updates, finished=finished, failed=failed)
 
-    def _batch_size(self) -> int:
-        return min(len(self._pending), self.config.engine.max_num_seqs)
+    def _schedule(self) -> list[_Work]:
+        """The step's items: ready ones ranked (chunk index, arrival), at most max_num_seqs. A
+        stream's chunks rank in their order, so a taken chunk's predecessors are taken too."""
+        work = [_Work((0, order), rid) for rid, (_, _, order) in self._pending.items()]
+        for rid, stream in self._streams.items():
+            work += [_Work((i, stream.order), rid, s, e) for i, s, e in self._ready_chunks(stream)]
+        return sorted(work, key=lambda w: w.rank)[: self.config.engine.max_num_seqs]
+
+    def _ready_chunks(self, stream: _Stream) -> list[tuple[int, int, int]]:
+        """(chunk index, start, end) of each chunk of the stream that can be decoded now."""
+        stream_config = self.config.stream
+        look_ahead = self._context()[1]
+        num_tokens = len(stream.token_ids)
+        index, start, ready = len(stream.chunks), stream.num_emitted_tokens, []
+        while start < num_tokens:
+            size = stream_config.first_chunk_size if index == 0 else stream_config.chunk_size
+            end = start + size
+            if end + look_ahead > num_tokens:  # its codes or look-ahead have not all come
+                if not stream.input_complete:
+                    break
+                end = min(end, num_tokens)
+            ready.append((index, start, end))
+            index, start = index + 1, end
+        return ready
+
+    def _context(self) -> tuple[int, int]:
+        """(left_context, look_ahead): the stage config's, or the adapter's defaults."""
+        left, ahead = self.config.stream.left_context, self.config.stream.look_ahead
+        if left is None or ahead is None:
+            assert isinstance(self.model, ChunkedGenerationModel)  # add_request checked it
+            default_left, default_ahead = self.model.chunk_defaults()
+            left = default_left if left is None else left
+            ahead = default_ahead if ahead is None else ahead
+        return left, ahead
+
+    def _generate(
+        self, item: tuple[StageInput, float, int], failed: dict[str, Exception]
+    ) -> StageResult | None:
+        stage_input, arrival, _ = item
+        seed = stage_input.sampling_params.seed
+        try:
+            audio = self.model.generate(
+                stage_input, self.config.engine.seed if seed is None else seed
+            )
+        except Exception as e:  # one broken request fails alone; its host reports it
+            failed[stage_input.request_id] = e
+            return None
+        self.audio_s += audio.numel() / self.model.sample_rate
+        result = self._result(stage_input, "stopped", arrival)
+        return dataclasses.replace(result, audio=audio, sample_rate=self.model.sample_rate)
+
+    def _decode(self, chunks: list[_Work], failed: dict[str, Exception]) -> list[StageUpdate]:
+        """All ready chunks in one decode_chunks call; if it raises, each chunk alone, so that
+        only the requests that break it fail."""
+        assert isinstance(self.model, ChunkedGenerationModel)  # add_request checked it
+        left, ahead = self._context()
+        streams = [self._streams[w.request_id] for w in chunks]
+        jobs = [
+            ChunkJob(tuple(s.token_ids), w.start, w.end, left, ahead, s.input_complete, s.seed,
+                     s.stage_input.extras)
+            for w, s in zip(chunks, streams, strict=True)
+        ]  # fmt: skip
+        audios: list[torch.Tensor | None]
+        try:
+            audios = list(self.model.decode_chunks(jobs))
+        except Exception:
+            audios = []
+            for w, job in zip(chunks, jobs, strict=True):
+                try:
+                    audios.append(self.model.decode_chunks([job])[0])
+                except Exception as e:
+                    failed[w.request_id] = e
+                    audios.append(None)
+        updates = []
+        for w, stream, audio in zip(chunks, streams, audios, strict=True):
+            if w.request_id in failed:
+                self._streams.pop(w.request_id, None)
+                continue
+            assert audio is not None
+            stream.chunks.append(audio)
+            stream.num_emitted_tokens = w.end
+            if stream.first_audio_s is None:
+                stream.first_audio_s = time.perf_counter() - stream.arrival
+            self.num_chunks += 1
+            rate = self.model.sample_rate
+            self.audio_s += audio.numel() / rate
+            update = StageUpdate(w.request_id, self.name, [], 0, audio=audio, sample_rate=rate)
+            updates.append(update)
+        return updates
 
     def run_until_done(self, max_steps: int = 1_000_000) -> list[StageResult]:
         """Step until every queued request finished (direct use: tests and benchmarks)."""
         return run_until_done(self, max_steps)
 
-    def _result(self, stage_input: StageInput, reason: str, arrival: float) -> StageResult:
+    def _result(
+        self, stage_input: StageInput, reason: str, arrival: float, **timings: float
+    ) -> StageResult:
         return StageResult(
             request_id=stage_input.request_id,
             stage=self.name,
             prompt_token_ids=list(stage_input.prompt_token_ids),
             token_ids=[],
             finish_reason=reason,
-            timings={"latency_s": time.perf_counter() - arrival},
+            timings={"latency_s": time.perf_counter() - arrival, **timings},
         )
+
+    def _stream_result(self, stream: _Stream, reason: str) -> StageResult:
+        """A stream's result: "stopped" carries all its chunks joined (no codes: no samples)."""
+        first = {} if stream.first_audio_s is None else {"first_audio_s": stream.first_audio_s}
+        stage_input = dataclasses.replace(stream.stage_input, prompt_token_ids=stream.token_ids)
+        result = self._result(stage_input, reason, stream.arrival, **first)
+        if reason != "stopped":
+            return result
+        audio = torch.cat(stream.chunks) if stream.chunks else torch.zeros(0)
+        return dataclasses.replace(result, audio=audio, sample_rate=self.model.sample_rate)
 
     def stats(self) -> dict[str, Any]:
         return {
             "stage": self.name,
             "steps": self.num_steps,
             "finished": self.num_finished,
-            "pending": len(self._pending),
+            "pending": self.num_requests,
+            "streaming": len(self._streams),
+            "chunks": self.num_chunks,
             "busy_s": self.busy_s,
             "audio_s": self.audio_s,
             # Real-time factor: compute time per second of audio (< 1: faster than real time).

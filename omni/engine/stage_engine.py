@@ -20,7 +20,7 @@ from omni.core.scheduler import Scheduler, SchedulerConfig
 from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
 from omni.engine.cache_sizing import bytes_per_block, num_kv_blocks
 from omni.engine.engine import DTYPES, run_until_done
-from omni.messages import EngineOutput, StageInput, StageResult, StageUpdate
+from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
 from omni.registry import get_adapter, get_adapter_spec
 from omni.runtime.model_runner import ModelRunner
 from omni.runtime.output_cache import OutputCache
@@ -81,6 +81,8 @@ class StageEngine:
             self.output_cache.step = 1  # the number of the step about to run
         self._arrival: dict[str, float] = {}
         self._admitted_step: dict[str, int] = {}
+        # stream_outputs requests -> output rows reported so far (StageUpdate.tensors)
+        self._rows_sent: dict[str, int] = {}
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, stage_input: StageInput) -> None:
@@ -99,10 +101,24 @@ class StageEngine:
             self.model.check_inputs(stage_input)  # adapter hook (StageModelBase: accepts all)
         except ValueError as e:
             raise ValueError(f"request {request.request_id!r}: {e}") from e
+        if not stage_input.input_complete:
+            request.input_limit = self.model.input_limit(request.request_id)
+            if request.input_limit is not None and request.input_limit < 1:
+                raise ValueError(f"request {request.request_id!r}: no input position has come")
         if stage_input.extras:
             self.runner.add_request_extras(request.request_id, stage_input.extras)
+        if stage_input.stream_outputs:
+            self._rows_sent[request.request_id] = 0
         self.scheduler.add_request(request)
         self._arrival[request.request_id] = time.perf_counter()
+
+    def extend_request(self, delta: InputDelta) -> None:
+        """More input for a request added with input_complete=False (its upstream stage goes on
+        generating it): the adapter takes it and says up to which position inputs have come."""
+        request = self.scheduler.requests.get(delta.request_id)
+        if request is None:
+            raise ValueError(f"request {delta.request_id!r} is not in stage {self.name!r}")
+        request.input_limit = self.model.extend_inputs(delta.request_id, delta)
 
     def _validate(self, request: Request) -> None:
         rid = request.request_id
@@ -133,6 +149,7 @@ class StageEngine:
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
         for request in finished:
             self._admitted_step.pop(request.request_id, None)
+            self._rows_sent.pop(request.request_id, None)
         self.runner.release([request.request_id for request in finished])
         return [self._result(request, tensors={}) for request in finished]
 
@@ -149,6 +166,11 @@ class StageEngine:
     @property
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
+
+    @property
+    def has_ready_work(self) -> bool:
+        """Whether a step would do anything now (not every request is waiting for input)."""
+        return self.scheduler.has_ready_work
 
     @property
     def num_requests(self) -> int:
@@ -179,6 +201,7 @@ class StageEngine:
                 self.name,
                 list(r.output_token_ids[num_before[r.request_id] :]),
                 max(r.num_cached_tokens, 0),
+                tensors=self._new_rows(r),
             )
             for r in sampled
             if r.num_output_tokens > num_before[r.request_id]
@@ -187,6 +210,7 @@ class StageEngine:
         for request in finished:
             results.append(self._result(request, tensors=self._gather(request)))
             self.scheduler.release(request)
+            self._rows_sent.pop(request.request_id, None)
         self.runner.release([request.request_id for request in finished])
         return EngineOutput(updates, results)
 
@@ -218,6 +242,19 @@ class StageEngine:
                 completed.extend(self.kv.get_block_ids(entry.request_id)[first:last])
         versions = [self.kv.block_version(b) for b in completed]
         self.output_cache.mark_complete(completed, versions)
+
+    def _new_rows(self, request: Request) -> dict[str, torch.Tensor]:
+        """A stream_outputs request's rows computed since its last update. Rows sent stay sent:
+        a recompute after preemption rewrites the same positions, never earlier ones again."""
+        start = self._rows_sent.get(request.request_id)
+        if start is None or self.output_cache is None:
+            return {}
+        end = request.num_computed_tokens
+        if end <= start:
+            return {}
+        self._rows_sent[request.request_id] = end
+        block_ids = self.kv.get_block_ids(request.request_id)
+        return self.output_cache.rows(block_ids, start, end)
 
     def _gather(self, request: Request) -> dict[str, torch.Tensor]:
         admitted_step = self._admitted_step.pop(request.request_id)

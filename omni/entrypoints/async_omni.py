@@ -62,14 +62,17 @@ class AsyncOmni:
         *,
         request_id: str | None = None,
         final_stage: str | None = None,
+        stream_audio: bool = True,
     ) -> AsyncIterator[OmniOutput]:
-        """Snapshots of one request as it advances; the last has `finished=True` and equals
-        what `Omni.generate` returns. `final_stage` ends the request at that stage (e.g.
-        `engine.text_stage`: text without speech). Bad input raises ValueError before any
-        work starts."""
+        """Snapshots of one request as it advances; the last has `finished=True`. `final_stage`
+        ends the request at that stage (e.g. `engine.text_stage`: text without speech).
+        stream_audio (default): stages with `stream.enabled` start before their upstream has
+        finished and the vocoder decodes in chunks, so the final stage's `audio` grows snapshot
+        by snapshot (docs/streaming.md); False: the whole-sequence path, whose waveform equals
+        transformers' `generate`. Bad input raises ValueError before any work starts."""
         request = self.prepare(prompt, request_id)
         params = self.stage_params(sampling_params)
-        run = self.run(request, params, final_stage=final_stage)
+        run = self.run(request, params, final_stage=final_stage, stream=stream_audio)
         # Closing this generator must close the inner one now (it aborts), not at its collection.
         async with contextlib.aclosing(run) as outputs:
             async for output in outputs:
@@ -82,21 +85,28 @@ class AsyncOmni:
         *,
         final_stage: str | None = None,
         stream_steps: bool = True,
+        stream: bool = False,
     ) -> AsyncGenerator[OmniOutput, None]:
         """`generate` for a prepared request (see `prepare` and `stage_params`). Without
-        stream_steps a snapshot comes only when a stage finishes (no per-step text decoding)."""
-        stream = _RequestStream(asyncio.get_running_loop())
+        stream_steps a snapshot comes only when a stage finishes (no per-step text decoding);
+        stream: as generate's stream_audio."""
+        outputs = _RequestStream(asyncio.get_running_loop())
         self._driver().add(
-            request, params, stream.push, final_stage=final_stage, stream_steps=stream_steps
+            request,
+            params,
+            outputs.push,
+            final_stage=final_stage,
+            stream_steps=stream_steps,
+            stream=stream,
         )
         try:
             while True:
-                output = await stream.get()
+                output = await outputs.get()
                 yield output
                 if output.finished:
                     return
         finally:
-            if not stream.finished and self.driver is not None:
+            if not outputs.finished and self.driver is not None:
                 self.driver.abort(request.request_id)
 
     async def abort(self, request_id: str) -> bool:

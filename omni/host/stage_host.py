@@ -15,6 +15,8 @@ Invariants:
   after the abort of the same request: recently aborted ids are remembered and such a submit
   is dropped instead of run for nobody.
 - A request leaves the host exactly once as a `Finished` (result or error), unless aborted.
+- A streaming request's upstream pieces (`RoutedDelta`) reach the engine in upstream order, each
+  once: a piece that arrives early (before its request, or before the piece ahead of it) waits.
 """
 
 from __future__ import annotations
@@ -28,15 +30,18 @@ from typing import Any
 
 from omni.config import StageConfig
 from omni.engine import Engine, create_engine
+from omni.host.piece_order import PieceOrder
 from omni.messages import (
     EngineOutput,
     Finished,
     PromptInput,
+    RoutedDelta,
     RoutedInput,
     StageEvent,
     StageInput,
     StageResult,
 )
+from omni.registry import get_delta_processor
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +50,7 @@ ABORTED_IDS_KEPT = 10_000  # how many recent aborts a late submit is checked aga
 
 Processor = Callable[[dict[str, StageResult], PromptInput], StageInput]
 """An edge's input processor: upstream stage results + the original prompt -> this stage's input."""
+Item = StageInput | RoutedInput | RoutedDelta
 
 
 def _same(value: Any) -> Any:
@@ -89,7 +95,8 @@ class StageHost:
         self._on_work = on_work
         self._engine_lock = threading.Lock()
         self._cond = threading.Condition()
-        self._inbox: list[StageInput | RoutedInput] = []
+        self._inbox: list[Item] = []
+        self._pieces = PieceOrder()  # streaming requests' upstream pieces, in order
         self._aborts: list[str] = []
         self._aborted_ids: OrderedDict[str, None] = OrderedDict()
         self._outbox: list[StageEvent] = []
@@ -120,16 +127,16 @@ class StageHost:
             raise failed[0]
 
     # ---- calls from any thread ----------------------------------------------------------------
-    def submit(self, items: Sequence[StageInput | RoutedInput]) -> None:
+    def submit(self, items: Sequence[Item]) -> None:
         """Queue requests. A routed item's upstream results are resolved and the edge's input
         processor runs on the caller's thread when the host has a loop thread of its own (the
         loop keeps stepping meanwhile), else at its next turn, on the thread that steps it
         (which then does all of the stage's torch work)."""
-        queued: list[StageInput | RoutedInput] = list(items)
+        queued: list[Item] = list(items)
         failed: list[StageResult] = []
         if self._thread is not None:
             converted, failed = self._convert(queued)
-            queued = list(converted)
+            queued = [*converted, *(i for i in queued if isinstance(i, RoutedDelta))]
         with self._cond:
             self._inbox.extend(s for s in queued if s.request_id not in self._aborted_ids)
             self._cond.notify_all()
@@ -137,12 +144,13 @@ class StageHost:
         if queued and self._on_work is not None:
             self._on_work()
 
-    def _convert(
-        self, items: Sequence[StageInput | RoutedInput]
-    ) -> tuple[list[StageInput], list[StageResult]]:
+    def _convert(self, items: Sequence[Item]) -> tuple[list[StageInput], list[StageResult]]:
+        """Stage inputs of the (routed) requests among items; pieces are left out."""
         accepted: list[StageInput] = []
         failed: list[StageResult] = []
         for item in items:
+            if isinstance(item, RoutedDelta):
+                continue
             try:
                 accepted.append(self._to_stage_input(item))
             except Exception as e:  # one bad item fails alone, never the whole submit
@@ -166,6 +174,7 @@ class StageHost:
             self._aborts.extend(request_ids)
             for request_id in request_ids:
                 self._aborted_ids[request_id] = None
+                self._pieces.end(request_id)
             while len(self._aborted_ids) > ABORTED_IDS_KEPT:
                 self._aborted_ids.popitem(last=False)
             self._cond.notify_all()
@@ -197,7 +206,7 @@ class StageHost:
     @property
     def has_work(self) -> bool:
         """Whether a turn of the loop would do anything now."""
-        return bool(self.engine.has_unfinished or self._inbox or self._aborts)
+        return bool(self.engine.has_ready_work or self._inbox or self._aborts)
 
     def run_once(self, wait_s: float = 0.0) -> bool:
         """One turn of the loop: take new requests and aborts, step the engine once if it has
@@ -212,12 +221,14 @@ class StageHost:
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
             accepted, failed = self._convert(inbox)
+            pieces = [item for item in inbox if isinstance(item, RoutedDelta)]
             with self._engine_lock:
                 if aborts:
                     self.engine.abort(aborts)  # aborted requests are not reported
                 rejected = [r for r in map(self._add, accepted) if r is not None]
+                rejected += self._extend(pieces)
                 events: list[StageEvent] = [self._finished(r) for r in failed + rejected]
-                if self.engine.has_unfinished:
+                if self.engine.has_ready_work:
                     events.extend(self._step())
             self._emit_events(events)
             return True
@@ -240,6 +251,22 @@ class StageHost:
             return self._error(stage_input.request_id, why, stage_input.prompt_token_ids)
         return None
 
+    def _extend(self, pieces: list[RoutedDelta]) -> list[StageResult]:
+        """Hand the engine every piece that is next in its request's upstream order; a piece
+        that fails fails its request alone."""
+        failed = []
+        for item in self._pieces.ready(pieces):
+            request_id = item.request_id
+            try:
+                delta = get_delta_processor(str(self.config.input_processor))(item.piece)
+                self.engine.extend_request(delta)
+            except Exception as e:
+                self.engine.abort([request_id])
+                self._pieces.end(request_id)
+                why = f"stage {self.name!r} failed on streamed input of request {request_id!r}"
+                failed.append(self._error(request_id, f"{why}: {_why(e)}"))
+        return failed
+
     def _step(self) -> list[StageEvent]:
         """One engine step. A step that raises fails the requests in flight, never the stage;
         the engine resets its prefix cache, since the failed step may have registered blocks
@@ -261,7 +288,11 @@ class StageHost:
         if isinstance(item, StageInput):
             return item
         names = list(item.upstream)
-        upstream = dict(zip(names, self._resolve([item.upstream[n] for n in names]), strict=True))
+        if item.streaming:  # partial results travel by value, not as finished payloads
+            upstream = dict(item.upstream)
+        else:
+            resolved = self._resolve([item.upstream[n] for n in names])
+            upstream = dict(zip(names, resolved, strict=True))
         processor_name = self.config.input_processor
         if processor_name is None:
             raise ValueError(f"stage {self.name!r} has no input processor for routed inputs")
@@ -274,12 +305,20 @@ class StageHost:
                 f"input processor {processor_name!r} of stage {self.name!r} failed on request "
                 f"{item.request_id!r}: {type(e).__name__}: {e}"
             ) from e
-        # The router owns the request id and the per-stage sampling; the processor the rest.
+        if item.streaming:  # its pieces may flow from now on
+            self._pieces.start(item.request_id, len(next(iter(upstream.values())).token_ids))
+        # The router owns the request id, the per-stage sampling and streaming; the processor
+        # the rest.
         return dataclasses.replace(
-            stage_input, request_id=item.request_id, sampling_params=item.sampling_params
+            stage_input,
+            request_id=item.request_id,
+            sampling_params=item.sampling_params,
+            input_complete=not item.streaming,
+            stream_outputs=item.stream_outputs,
         )
 
     def _finished(self, result: StageResult) -> Finished:
+        self._pieces.end(result.request_id)
         # The routed result is light (no tensors); the payload carries the whole result.
         return Finished(dataclasses.replace(result, tensors={}, audio=None), self._pack(result))
 

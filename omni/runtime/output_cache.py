@@ -159,6 +159,14 @@ class OutputCache:
             gathered[name] = rows.view(-1, *cache.shape[2:])[:num_rows]
         return gathered
 
+    def rows(self, block_ids: list[int], start: int, end: int) -> dict[str, torch.Tensor]:
+        """Rows [start, end) of a request (its block table) for every cached output: a
+        streaming consumer's next rows, written by forwards that have completed."""
+        slots = torch.arange(start, end)
+        table = torch.tensor(block_ids, dtype=torch.long)
+        slots = table[slots // self.block_size] * self.block_size + slots % self.block_size
+        return {name: flat.index_select(0, slots) for name, flat in self._flat.items()}
+
     def stats(self) -> dict[str, int]:
         return {
             "output_hit_rows": self.hit_rows,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from omni.core.scheduler_output import ScheduledRequest
-from omni.messages import StageInput
+from omni.messages import InputDelta, StageInput
 from omni.runtime.attention import AttentionMetadata
 
 
@@ -48,6 +48,16 @@ class StageModelBase:
         """Called once these requests finished or were aborted: drop their per-request state
         (e.g. mrope positions). Default: nothing to drop."""
 
+    def input_limit(self, request_id: str) -> int | None:
+        """For a request added with input_complete=False (its upstream still generating): how
+        many positions have their inputs so far (None: all). Default: None."""
+        return None
+
+    def extend_inputs(self, request_id: str, delta: InputDelta) -> int | None:
+        """Take more input for a streaming request; returns its new input_limit. Default: this
+        adapter cannot stream (the engine refuses input_complete=False unless overridden)."""
+        raise ValueError(f"adapter {type(self).__name__} takes no streamed input")
+
 
 class StageModel(Protocol):
     """What an ar stage adapter provides (kind "ar": StageEngine and ModelRunner). Adapters load
@@ -72,6 +82,10 @@ class StageModel(Protocol):
 
     def release(self, request_ids: list[str]) -> None: ...
 
+    def input_limit(self, request_id: str) -> int | None: ...
+
+    def extend_inputs(self, request_id: str, delta: InputDelta) -> int | None: ...
+
 
 class GenerationModel(Protocol):
     """What a generation stage adapter provides (kind "generation": GenerationEngine), e.g. a
@@ -85,3 +99,40 @@ class GenerationModel(Protocol):
         ...
 
     def check_inputs(self, stage_input: StageInput) -> None: ...
+
+
+@dataclass(frozen=True)
+class ChunkJob:
+    """One output chunk of a streaming generation request (a vocoder decoding codec codes while
+    its upstream stage still generates them): decode input tokens [start, end), seeing up to
+    `left_context` tokens before and `look_ahead` tokens after them."""
+
+    token_ids: tuple[int, ...]
+    """The request's input tokens so far (a vocoder: codec codes)."""
+    start: int
+    end: int
+    """The chunk: the output of input tokens [start, end) (0 <= start < end <= len(token_ids))."""
+    left_context: int
+    look_ahead: int
+    """Context tokens on each side that the decode also sees (clamped to the tokens there are)."""
+    input_complete: bool
+    """No token will follow token_ids: the sequence end is a real end, not a cut."""
+    seed: int
+    """The request's seed: every chunk of a request draws the same noise at the same position."""
+    extras: Mapping[str, Any] = field(default_factory=dict)
+    """The request's adapter inputs (StageInput.extras), e.g. a vocoder's speaker."""
+
+
+@runtime_checkable
+class ChunkedGenerationModel(GenerationModel, Protocol):
+    """A generation adapter that can also decode a streaming request chunk by chunk (requests
+    added with input_complete=False)."""
+
+    def chunk_defaults(self) -> tuple[int, int]:
+        """(left_context, look_ahead) in input tokens when the stage config leaves them null."""
+        ...
+
+    def decode_chunks(self, jobs: list[ChunkJob]) -> list[torch.Tensor]:
+        """The 1-D float32 waveform of each job's chunk, batched in one call: each has
+        (end - start) * samples-per-token samples, so a request's chunks join to its length."""
+        ...

@@ -30,15 +30,23 @@ Position P depends on the speaker (its key), P + 1 on the prompt and g_0. So two
 talker prompt block only if every input row in it (and before it) is the same.
 Decode positions also add a reply row (from g_1, g_2, ...): the request's generation_key, a hash
 of the whole thinker reply, keys every block holding a generated position, so generated blocks
-(looked up when a preempted request resumes) are shared only between equal replies.
+(looked up when a preempted request resumes) are shared only between equal replies. A streaming
+request starts before the reply is known: its key is unique to the request, so its generated
+blocks serve only its own resume (its prompt blocks are shared as always).
+
+Streaming (stage config `stream.enabled`, omni/registry.py EDGE_STREAMING): thinker_to_talker
+starts the talker once the thinker has 2 tokens (rows 0..P: the talker's whole prompt); each later
+piece of the thinker becomes an InputDelta of new rows (thinker_delta). talker_to_token2wav starts
+token2wav on the first codes; talker_delta passes further codes on, up to the first codec EOS.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import uuid
 
-from omni.messages import PromptInput, StageInput, StageResult
+from omni.messages import InputDelta, PromptInput, StageInput, StageResult
 from omni.registry import register_input_processor
 from stages.qwen2_5_omni.talker import speaker_key
 
@@ -96,16 +104,32 @@ def thinker_to_talker(
         prompt_token_ids=prompt + [speaker_key(speaker), output[0]],
         mm_inputs=tuple(request.mm_inputs),
         cache_salt=salt,
-        generation_key=_reply_key(output),
+        generation_key=_reply_key(output) if thinker.finished else f"stream:{uuid.uuid4().hex}",
         extras={
             "thinker_prompt_ids": prompt,
             "thinker_output_ids": output,
             "thinker_hidden": thinker.tensors["hidden_states"],
             "thinker_embeds": thinker.tensors["inputs_embeds"],
+            "thinker_finished": thinker.finished,
             "speaker": speaker,
             "mode": mode,
             **_mm_extras(request),
         },
+    )
+
+
+def thinker_delta(piece: StageResult) -> InputDelta:
+    """The thinker's next tokens and rows for a streaming talker request."""
+    hidden, embeds = piece.tensors.get("hidden_states"), piece.tensors.get("inputs_embeds")
+    if (hidden is None) != (embeds is None) or (
+        hidden is not None and hidden.shape[0] != embeds.shape[0]
+    ):
+        raise ValueError("thinker piece: hidden_states and inputs_embeds rows do not match")
+    rows = {} if hidden is None else {"thinker_hidden": hidden, "thinker_embeds": embeds}
+    return InputDelta(
+        piece.request_id,
+        extras={"thinker_output_ids": list(piece.token_ids), **rows},
+        finished=piece.finished,
     )
 
 
@@ -122,19 +146,30 @@ def thinker_to_talker_unmasked(
     return thinker_to_talker(upstream, request, mode="unmasked")
 
 
+def _before_eos(codes: list[int]) -> list[int]:
+    """generate decodes the codes before the first codec EOS (code_length)."""
+    for i, code in enumerate(codes):
+        if code in CODEC_EOS:
+            return codes[:i]
+    return list(codes)
+
+
 @register_input_processor("talker_to_token2wav")
 def talker_to_token2wav(upstream: dict[str, StageResult], request: PromptInput) -> StageInput:
     talker = _only(upstream, "talker_to_token2wav")
-    codes = list(talker.token_ids)
-    # generate decodes the codes before the first codec EOS (code_length).
-    for i, code in enumerate(codes):
-        if code in CODEC_EOS:
-            codes = codes[:i]
-            break
+    codes = _before_eos(list(talker.token_ids))
     # No codes (the talker's first token was EOS): an empty waveform, so the text still arrives.
     return StageInput(
         request_id=request.request_id,
         prompt_token_ids=codes,
         cache_salt=request.cache_salt,
         extras={"speaker": (request.extras or {}).get("speaker", DEFAULT_SPEAKER)},
+    )
+
+
+def talker_delta(piece: StageResult) -> InputDelta:
+    """The talker's next codes for a streaming token2wav request. The talker stops at its first
+    codec EOS, so a piece holds at most one EOS, as its last token."""
+    return InputDelta(
+        piece.request_id, new_token_ids=_before_eos(list(piece.token_ids)), finished=piece.finished
     )

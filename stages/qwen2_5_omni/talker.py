@@ -23,7 +23,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 )
 from transformers.utils import logging as hf_logging
 
-from omni.messages import StageInput
+from omni.messages import InputDelta, StageInput
 from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
@@ -81,6 +81,17 @@ class OmniTalkerAdapter(StageModelBase):
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self._states.pop(rid, None)
+
+    def input_limit(self, request_id: str) -> int | None:
+        return self._states[request_id].input_limit
+
+    def extend_inputs(self, request_id: str, delta: InputDelta) -> int | None:
+        """The thinker's next rows (processors.thinker_delta): decode steps that need them can
+        run; once it has finished, every later step can."""
+        state = self._states[request_id]
+        extras = delta.extras
+        state.extend(extras.get("thinker_hidden"), extras.get("thinker_embeds"), delta.finished)
+        return state.input_limit
 
     # ---- model ----------------------------------------------------------------------------
     def _state(self, rid: str, extras: dict) -> TalkerRequestState | None:

@@ -11,7 +11,10 @@ the thinker's result; talker position t (0-based) gets, before `thinker_to_talke
 
 with P thinker prompt tokens, G thinker output tokens g_0..g_{G-1}, and the reply stream
 reply = [hidden[P+j] + embeds[P+j] for j = 1..G-2] + [embed_thinker(tts_eos), embed_thinker(tts_pad)]
-(the last row repeats forever). transformers' per-row EOS rewrite of the reply stream only matters
+(the last row repeats forever). A streaming request (its thinker still generating: extras
+"thinker_finished" False) starts with the rows computed so far and gets the rest through
+`TalkerRequestState.extend`; the tts_eos/tts_pad rows are appended once the thinker has finished,
+so decode step k waits until reply[k] is known instead of guessing it. transformers' per-row EOS rewrite of the reply stream only matters
 for rows of a padded batch that stopped early; a single sequence stops at its first EOS, where the
 rewrite is the identity, so it is not needed here.
 
@@ -52,6 +55,28 @@ class TalkerRequestState:
     rope_delta: int  # decode position = t + rope_delta
     history: set[int] = field(default_factory=set)  # codec ids seen (repetition penalty)
     repetition_penalty: float = 1.05
+    finished: bool = True  # the thinker has finished: text ends with tts_eos, tts_pad
+    tail: tuple[torch.Tensor, torch.Tensor] | None = None  # tts_eos, tts_pad rows, until finished
+
+    @property
+    def input_limit(self) -> int | None:
+        """Positions whose inputs are known: all once the thinker has finished."""
+        return None if self.finished else self.text.shape[0]
+
+    def extend(
+        self, hidden: torch.Tensor | None, embeds: torch.Tensor | None, finished: bool
+    ) -> None:
+        """The thinker's next reply rows (generated positions: no multimodal zeroing)."""
+        if self.finished:
+            raise ValueError("the talker's thinker input is already complete")
+        rows = [self.text]
+        if hidden is not None and embeds is not None and hidden.shape[0]:
+            rows.append((hidden + embeds).to(self.text.dtype))
+        if finished:
+            assert self.tail is not None
+            rows.append(torch.stack([r.to(self.text.dtype) for r in self.tail]))
+            self.finished, self.tail = True, None
+        self.text = torch.cat(rows)
 
     def positions(self, t: torch.Tensor) -> torch.Tensor:
         """[3, len(t)] positions of talker positions t."""
@@ -89,7 +114,7 @@ def build_state(extras: dict, talker, thinker_rows: dict[str, torch.Tensor], spe
     prompt_ids = list(extras["thinker_prompt_ids"])
     out_ids = list(extras["thinker_output_ids"])
     hidden, embeds = extras["thinker_hidden"], extras["thinker_embeds"].clone()
-    num_prompt, num_out = len(prompt_ids), len(out_ids)
+    num_prompt = len(prompt_ids)
     speaker = extras.get("speaker", "Chelsie")
     if speaker not in speakers:
         raise ValueError(f"unknown speaker {speaker!r}; available: {sorted(speakers)}")
@@ -99,14 +124,15 @@ def build_state(extras: dict, talker, thinker_rows: dict[str, torch.Tensor], spe
     embeds[:num_prompt][is_mm] = 0
     summed = (hidden + embeds).to(hidden.dtype)
     dim = summed.shape[1]
-    reply = [summed[num_prompt + j] for j in range(1, num_out - 1)]
-    reply += [thinker_rows["tts_eos"], thinker_rows["tts_pad"]]
+    finished = bool(extras.get("thinker_finished", True))
+    # Reply rows: every thinker row after g_0's (row P), i.e. j = 1..G-2 once it has finished.
+    tail = [thinker_rows["tts_eos"].view(1, dim), thinker_rows["tts_pad"].view(1, dim)]
     text = torch.cat(
         [
             summed[:num_prompt],
-            thinker_rows[f"spk:{speaker}"].view(1, dim),
-            summed[num_prompt : num_prompt + 1],
-            torch.stack([r.to(summed.dtype) for r in reply]),
+            thinker_rows[f"spk:{speaker}"].view(1, dim).to(summed.dtype),
+            summed[num_prompt:],
+            *([t.to(summed.dtype) for t in tail] if finished else []),
         ]
     )
     mode = extras.get("mode", "masked")
@@ -122,6 +148,8 @@ def build_state(extras: dict, talker, thinker_rows: dict[str, torch.Tensor], spe
         rope_delta=0,
         history=history,
         repetition_penalty=float(extras.get("repetition_penalty", 1.05)),
+        finished=finished,
+        tail=None if finished else (tail[0][0], tail[1][0]),
     )
     if mode == "masked":
         state.codec_prefix = (config.tts_codec_pad_token_id, config.tts_codec_start_token_id)

@@ -12,9 +12,17 @@ before its token2wav call; in the full generate with greedy thinker and talker n
 the global RNG before token2wav, so torch.manual_seed(seed) before generate(...) matches too.
 Each request is decoded on its own, as generate does, because the noise shape follows the
 request's code length: batching would change the draws.
+
+Streaming: `decode_chunks` decodes chunks of requests whose codes are still arriving, several
+in one batch, each from a bounded window of codes around it (stages/qwen2_5_omni/
+token2wav_chunks.py has the math; `chunk_defaults` the context it needs). Its noise is the whole
+decode's at the same frames, so chunks differ from `generate` only by the bounded context.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from transformers import Qwen2_5OmniConfig
@@ -23,8 +31,19 @@ from transformers.utils import logging as hf_logging
 
 from omni.messages import StageInput
 from omni.registry import register_adapter
-from omni.runtime.stage_model import StageModelBase
+from omni.runtime.stage_model import ChunkJob, StageModelBase
 from stages.qwen2_5_omni.part_loader import load_part, load_speakers
+from stages.qwen2_5_omni.token2wav_chunks import (
+    DitWindow,
+    SpeakerInputs,
+    Window,
+    default_context,
+    encode_speaker,
+    plan_window,
+    request_noise,
+    solve_mels,
+)
+from stages.qwen2_5_omni.token2wav_vocoder import hop_length, reach_frames, vocode
 
 SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN output rate (processors/docs: 24 kHz audio)
 DEFAULT_SPEAKER = "Chelsie"
@@ -56,6 +75,14 @@ class OmniToken2WavAdapter(StageModelBase):
             name: (v["cond"].float(), v["ref_mel"].float())
             for name, v in load_speakers(model_dir).items()
         }
+        self.dit = self.model.code2wav_dit_model
+        self.bigvgan = self.model.code2wav_bigvgan_model
+        self.repeats = dit.repeats  # mel frames per code
+        self.hop = hop_length(self.bigvgan)  # waveform samples per mel frame
+        self.samples_per_code = self.repeats * self.hop
+        self.vocoder_reach = reach_frames(self.bigvgan)
+        self._chunk_defaults = default_context(dit, self.vocoder_reach)
+        self._encoded_speakers: dict[str, SpeakerInputs] = {}
 
     def check_inputs(self, stage_input: StageInput) -> None:
         codes = stage_input.prompt_token_ids
@@ -66,10 +93,13 @@ class OmniToken2WavAdapter(StageModelBase):
         bad = [c for c in codes if not 0 <= c < self.num_embeds]
         if bad:
             raise ValueError(f"codec id {bad[0]} is outside the DiT's {self.num_embeds} embeddings")
-        speaker = stage_input.extras.get("speaker", DEFAULT_SPEAKER)
+        self._check_extras(stage_input.extras)
+
+    def _check_extras(self, extras: Mapping[str, Any]) -> None:
+        speaker = extras.get("speaker", DEFAULT_SPEAKER)
         if speaker not in self.speakers:
             raise ValueError(f"unknown speaker {speaker!r}; available: {sorted(self.speakers)}")
-        unknown = set(stage_input.extras) - {"speaker", *ODE_DEFAULTS}
+        unknown = set(extras) - {"speaker", *ODE_DEFAULTS}
         if unknown:
             raise ValueError(f"unknown token2wav extras {sorted(unknown)}")
 
@@ -86,3 +116,55 @@ class OmniToken2WavAdapter(StageModelBase):
             torch.manual_seed(seed)
             wav = self.model(codes, conditioning=cond, reference_mel=ref_mel, **ode)
         return wav.reshape(-1).float()
+
+    def chunk_defaults(self) -> tuple[int, int]:
+        """(left_context, look_ahead) in codes: see token2wav_chunks.default_context."""
+        return self._chunk_defaults
+
+    @torch.inference_mode()
+    def decode_chunks(self, jobs: list[ChunkJob]) -> list[torch.Tensor]:
+        """Each job's chunk as a 1-D float32 waveform of (end - start) * samples_per_code
+        samples. Jobs that share num_steps and sway_coefficient run one DiT forward per ODE
+        evaluation together; BigVGAN runs once for all."""
+        windows = [plan_window(job, self.repeats, self.dit.block_size) for job in jobs]
+        groups: dict[tuple[int, float | None], list[int]] = {}  # ODE time schedule -> jobs
+        for index, job in enumerate(jobs):
+            self._check_extras(job.extras)
+            ode = {k: job.extras.get(k, v) for k, v in ODE_DEFAULTS.items()}
+            schedule = (int(ode["num_steps"]), ode["sway_coefficient"])
+            groups.setdefault(schedule, []).append(index)
+        mels: list[torch.Tensor] = [torch.empty(0)] * len(jobs)
+        for (num_steps, sway_coefficient), indices in groups.items():
+            inputs = [self._dit_window(jobs[i], windows[i]) for i in indices]
+            solved = solve_mels(self.dit, inputs, num_steps, sway_coefficient)
+            for index, mel in zip(indices, solved, strict=True):
+                mels[index] = mel.T  # BigVGAN takes [mel_dim, frames]
+        chunks = []
+        for wav, window in zip(vocode(self.bigvgan, mels), windows, strict=True):
+            first = (window.emit_first_frame - window.first_frame) * self.hop
+            num_samples = (window.emit_end_frame - window.emit_first_frame) * self.hop
+            # A copy: a view would keep the whole batch's waveforms alive with the chunk.
+            chunks.append(wav[first : first + num_samples].clone())
+        return chunks
+
+    def _dit_window(self, job: ChunkJob, window: Window) -> DitWindow:
+        first_code = window.first_frame // self.repeats
+        codes = torch.tensor(job.token_ids[first_code : -(-window.end_frame // self.repeats)])
+        skip = window.first_frame - first_code * self.repeats  # block_size % repeats may be odd
+        num_frames = window.end_frame - window.first_frame
+        frame_codes = codes.repeat_interleave(self.repeats)[skip : skip + num_frames]
+        noise = request_noise(job.seed, window.end_frame, self.dit.mel_dim)
+        return DitWindow(
+            frame_codes=frame_codes,
+            first_frame=window.first_frame,
+            noise=noise[window.first_frame :],
+            speaker=self._speaker(job.extras.get("speaker", DEFAULT_SPEAKER)),
+            guidance_scale=float(job.extras.get("guidance_scale", ODE_DEFAULTS["guidance_scale"])),
+        )
+
+    def _speaker(self, name: str) -> SpeakerInputs:
+        """The speaker encoder's output is fixed per speaker: computed once, then reused."""
+        if name not in self._encoded_speakers:
+            cond, ref_mel = self.speakers[name]
+            self._encoded_speakers[name] = encode_speaker(self.dit, cond, ref_mel)
+        return self._encoded_speakers[name]

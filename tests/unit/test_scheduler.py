@@ -136,3 +136,44 @@ def test_hit_filter_refuses_and_counts():
     out, _ = fake_step(scheduler)
     assert out.scheduled[0].num_computed_tokens == 4
     assert scheduler.num_hit_blocks_refused == 2
+
+
+def test_input_limit_skips_a_waiting_request_without_holding_others():
+    """A streaming request feeds nothing past the inputs that have come; the others go on, and
+    once every running request waits, the scheduler says there is nothing to do."""
+    scheduler, _ = make(max_num_batched_tokens=64)
+    streamed = Request("s", [1, 2, 3], sampling_params=SamplingParams(max_tokens=9))
+    streamed.input_limit = 4  # the prompt and the first generated position have their inputs
+    scheduler.add_request(streamed)
+    scheduler.add_request(Request("a", [4, 5], sampling_params=SamplingParams(max_tokens=9)))
+    fed = []
+    for _ in range(4):
+        out, _ = fake_step(scheduler)
+        fed.append({e.request_id: len(e.token_ids) for e in out.scheduled})
+    assert fed == [{"s": 3, "a": 2}, {"s": 1, "a": 1}, {"a": 1}, {"a": 1}]
+    assert streamed.num_computed_tokens == 4 and streamed.num_output_tokens == 2
+    assert scheduler.has_ready_work  # "a" still runs
+    scheduler.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    assert scheduler.has_unfinished and not scheduler.has_ready_work
+    streamed.input_limit = None  # its upstream finished: every position can be fed
+    out, _ = fake_step(scheduler)
+    assert [(e.request_id, len(e.token_ids), e.sample) for e in out.scheduled] == [("s", 1, True)]
+
+
+def test_input_limit_caps_a_resumed_request_and_its_prefix_hits():
+    """After preemption a streaming request recomputes only up to its input limit, with prefix
+    hits cut to blocks inside it, and samples nothing until it reaches its last token."""
+    scheduler, kv = make(num_blocks=64, block_size=4, max_num_batched_tokens=64)
+    request = Request("s", list(range(10)), sampling_params=SamplingParams(max_tokens=9))
+    scheduler.add_request(request)
+    fake_step(scheduler)  # prefill, samples one token: 11 tokens, 10 computed
+    request.input_limit = 7
+    scheduler.running.remove(request)
+    scheduler._preempt(request)  # as schedule() does when the pool runs out
+    out, _ = fake_step(scheduler)
+    assert out.scheduled == [] and out.preempted_request_ids == ["s"]  # reported, not re-admitted
+    out, _ = fake_step(scheduler)
+    (entry,) = out.scheduled
+    assert entry.num_computed_tokens + len(entry.token_ids) == 7  # hits (4) + recompute to 7
+    assert entry.num_computed_tokens == 4 and not entry.sample
+    assert kv.get_block_ids("s")

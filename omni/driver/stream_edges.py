@@ -1,0 +1,122 @@
+"""StreamEdges: which edges of a streaming request start their consumer early, and what they send.
+
+A request added with stream=True runs every edge whose consumer has `stream.enabled` (and an input
+processor that can stream, omni/registry.py EDGE_STREAMING) as a stream: once the upstream stage
+has reported `min_upstream_tokens` tokens, the consumer gets a RoutedInput with the partial
+upstream result (streaming=True), and every later upstream report becomes a RoutedDelta piece, the
+last (finish_reason set) sent when the upstream finishes. Pieces carry the upstream's new tokens
+and, when the edge needs rows, its new per-token output rows; `offset` numbers them so the
+consumer's host applies them in order. Edges that do not stream route as before: once every
+input has finished.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni.config import OmniConfig, StageConfig
+from omni.driver.request_state import RequestState
+from omni.messages import RoutedDelta, RoutedInput, StageResult, StageUpdate
+from omni.registry import EdgeStreaming, get_edge_streaming
+
+Routed = dict[str, list[RoutedInput | RoutedDelta]]
+
+
+class StreamEdges:
+    def __init__(self, config: OmniConfig) -> None:
+        self.config = config
+        # stage -> its streaming consumers and their edges
+        self.edges: dict[str, list[tuple[StageConfig, EdgeStreaming]]] = {}
+        for stage in config.stages:
+            spec = get_edge_streaming(stage.input_processor)
+            if stage.stream.enabled and spec is not None:
+                self.edges.setdefault(stage.inputs[0], []).append((stage, spec))
+
+    def needs_rows(self, stage: str, needed: set[str]) -> bool:
+        """Whether a streaming request must report `stage`'s rows as it goes."""
+        return any(c.name in needed and spec.needs_rows for c, spec in self.edges.get(stage, ()))
+
+    def on_update(
+        self, tracked: RequestState, update: StageUpdate, needed: set[str], routed: Routed
+    ) -> None:
+        """Start the consumers that now have enough input; send the others the new piece."""
+        for consumer, spec in self.edges.get(update.stage, ()):
+            name = consumer.name
+            if name not in needed:
+                continue
+            sent = tracked.streamed.get(name)
+            if sent is None:
+                tokens = tracked.tokens.get(update.stage, [])
+                if name in tracked.inflight or len(tokens) < spec.min_upstream_tokens:
+                    continue
+                partial = self._piece(tracked, update.stage, name, spec, 0, finished=None)
+                routed.setdefault(name, []).append(
+                    RoutedInput(
+                        tracked.prompt.request_id,
+                        {update.stage: partial},
+                        tracked.routed_prompt(),
+                        tracked.params[name],
+                        streaming=True,
+                        stream_outputs=self.needs_rows(name, needed),
+                    )
+                )
+                tracked.inflight.add(name)
+            elif name in tracked.inflight:
+                piece = self._piece(tracked, update.stage, name, spec, sent, finished=None)
+                if piece.token_ids:
+                    routed.setdefault(name, []).append(
+                        RoutedDelta(tracked.prompt.request_id, piece, sent)
+                    )
+
+    def on_finished(self, tracked: RequestState, full: StageResult, routed: Routed) -> None:
+        """Send the last piece to the consumers streaming from `full.stage`."""
+        for consumer, spec in self.edges.get(full.stage, ()):
+            name = consumer.name
+            sent = tracked.streamed.get(name)
+            if sent is None or name not in tracked.inflight:
+                continue
+            piece = self._piece(tracked, full.stage, name, spec, sent, finished=full)
+            routed.setdefault(name, []).append(RoutedDelta(tracked.prompt.request_id, piece, sent))
+
+    def _piece(
+        self,
+        tracked: RequestState,
+        stage: str,
+        consumer: str,
+        spec: EdgeStreaming,
+        sent: int,
+        finished: StageResult | None,
+    ) -> StageResult:
+        """The upstream's tokens (and rows) the consumer has not had yet; the whole result so
+        far when sent is 0. With `finished`, the rest of that full result, marked finished."""
+        root = not self.config.stage(stage).inputs
+        token_ids = tracked.tokens.get(stage, []) if finished is None else finished.token_ids
+        tensors: dict[str, Any] = {}
+        if spec.needs_rows:
+            num_parts, num_rows = tracked.rows_streamed.get(consumer, (0, 0))
+            parts = tracked.rows.get(stage, {})
+            if finished is not None:  # the rest of the full result's rows
+                tensors = {k: v[num_rows:] for k, v in finished.tensors.items()}
+            else:
+                tensors = {k: torch.cat(v[num_parts:]) for k, v in parts.items() if v[num_parts:]}
+            num_new = {t.shape[0] for t in tensors.values()}
+            if len(num_new) > 1:
+                raise RuntimeError(f"stage {stage!r} reported outputs with unequal row counts")
+            num_parts = len(next(iter(parts.values()), []))
+            tracked.rows_streamed[consumer] = (
+                num_parts,
+                num_rows + (num_new.pop() if num_new else 0),
+            )
+        tracked.streamed[consumer] = len(token_ids)
+        return StageResult(
+            request_id=tracked.prompt.request_id,
+            stage=stage,
+            # A root stage's prompt is the request's; a later stage's is not needed by any
+            # streaming processor so far, and not known here.
+            prompt_token_ids=list(tracked.prompt.prompt_token_ids) if sent == 0 and root else [],
+            token_ids=list(token_ids[sent:]),
+            finish_reason=None if finished is None else (finished.finish_reason or "stopped"),
+            tensors=tensors,
+        )

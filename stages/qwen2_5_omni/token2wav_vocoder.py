@@ -1,0 +1,128 @@
+"""BigVGAN (Qwen2_5OmniToken2WavBigVGANModel) on a padded batch of mels, and its reach.
+
+`vocode` runs the model's own modules in its forward's order on mels of different lengths.
+Every op that mixes neighbouring samples is fed, past each job's end, what the unbatched call
+sees there: zeros before a convolution or a transposed convolution (their zero padding) and the
+job's last sample before an anti-aliased activation's resamplers (their replicate padding).
+All other ops are per sample, and every job starts at sample 0 of the batch, so each job's
+samples equal its unbatched ones up to float rounding, and a batch of one runs exactly the
+unbatched ops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def vocode(bigvgan: nn.Module, mels: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each mel [mel_dim, num_frames] -> its 1-D waveform of num_frames * hop samples."""
+    lengths = torch.tensor([mel.shape[1] for mel in mels])
+    batch = torch.zeros(len(mels), mels[0].shape[0], int(lengths.max()))
+    for row, mel in enumerate(mels):
+        batch[row, :, : mel.shape[1]] = mel
+    hidden = bigvgan.process_mel_spectrogram(batch)  # per sample
+    hidden = bigvgan.conv_pre(_zero_tail(hidden, lengths))
+    num_blocks = bigvgan.num_residual_blocks
+    for layer, (upsample,) in enumerate(bigvgan.ups):
+        num_in = hidden.shape[-1]
+        hidden = upsample(_zero_tail(hidden, lengths))
+        # Samples of frame f are [f * hop, (f + 1) * hop) only if each layer scales exactly.
+        if hidden.shape[-1] != num_in * upsample.stride[0]:
+            raise ValueError(f"BigVGAN upsampling layer {layer} does not scale lengths exactly")
+        lengths = lengths * upsample.stride[0]
+        blocks = bigvgan.resblocks[layer * num_blocks : (layer + 1) * num_blocks]
+        hidden = sum(_amp_block(block, hidden, lengths) for block in blocks) / num_blocks
+    hidden = _anti_aliased(bigvgan.activation_post, hidden, lengths)
+    wav = torch.clamp(bigvgan.conv_post(_zero_tail(hidden, lengths)), min=-1.0, max=1.0)
+    return [wav[row, 0, :length] for row, length in enumerate(lengths.tolist())]
+
+
+def hop_length(bigvgan: nn.Module) -> int:
+    """Waveform samples per mel frame."""
+    return math.prod(upsample.stride[0] for (upsample,) in bigvgan.ups)
+
+
+def _amp_block(block: nn.Module, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Qwen2_5OmniAMPBlock.forward with padding-aware inputs."""
+    acts1, acts2 = block.activations[::2], block.activations[1::2]
+    for conv1, conv2, act1, act2 in zip(block.convs1, block.convs2, acts1, acts2, strict=True):
+        residual = hidden
+        hidden = conv1(_zero_tail(_anti_aliased(act1, hidden, lengths), lengths))
+        hidden = conv2(_zero_tail(_anti_aliased(act2, hidden, lengths), lengths))
+        hidden = residual + hidden
+    return hidden
+
+
+def _anti_aliased(act: nn.Module, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Qwen2_5OmniAntiAliasedActivation1d.forward: upsample, activation, downsample."""
+    hidden = act.act(act.upsample(_replicate_tail(hidden, lengths)))
+    return act.downsample(_replicate_tail(hidden, lengths * act.upsample.ratio))
+
+
+def _zero_tail(hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[B, C, T] with zeros past each row's length."""
+    if bool((lengths == hidden.shape[-1]).all()):
+        return hidden
+    inside = torch.arange(hidden.shape[-1])[None, :] < lengths[:, None]
+    return torch.where(inside[:, None, :], hidden, torch.zeros((), dtype=hidden.dtype))
+
+
+def _replicate_tail(hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[B, C, T] with each row's last sample repeated past its length."""
+    if bool((lengths == hidden.shape[-1]).all()):
+        return hidden
+    index = torch.minimum(torch.arange(hidden.shape[-1])[None, :], lengths[:, None] - 1)
+    return hidden.gather(2, index[:, None, :].expand(-1, hidden.shape[1], -1))
+
+
+def reach_frames(bigvgan: nn.Module) -> int:
+    """BigVGAN's receptive field: mel frames on each side of a frame that can change its samples
+    (an upper bound, rounded up). Each op's reach in its input samples, divided by the samples
+    per frame at its rate, summed along the chain; of a layer's parallel residual blocks the
+    widest counts."""
+    frames = _conv_reach(bigvgan.conv_pre)  # at one sample per frame
+    rate = 1
+    num_blocks = bigvgan.num_residual_blocks
+    for layer, (upsample,) in enumerate(bigvgan.ups):
+        frames += _transposed_reach(upsample) / rate
+        rate *= upsample.stride[0]
+        blocks = bigvgan.resblocks[layer * num_blocks : (layer + 1) * num_blocks]
+        frames += max(_amp_reach(block) for block in blocks) / rate
+    frames += (_anti_aliased_reach(bigvgan.activation_post) + _conv_reach(bigvgan.conv_post)) / rate
+    return math.ceil(frames)
+
+
+def _conv_reach(conv: nn.Conv1d) -> float:
+    span, pad = conv.dilation[0] * (conv.kernel_size[0] - 1), conv.padding[0]
+    return max(pad, span - pad)
+
+
+def _transposed_reach(conv: nn.ConvTranspose1d) -> float:
+    # Output o reads inputs i with 0 <= o + pad - i * stride < kernel; it sits at input o / stride.
+    kernel, stride, pad = conv.kernel_size[0], conv.stride[0], conv.padding[0]
+    return max(kernel - 1 - pad, pad) / stride
+
+
+def _anti_aliased_reach(act: nn.Module) -> float:
+    up, down = act.upsample, act.downsample
+    # Upsample: replicate-pad by `pad`, transposed conv (stride ratio), drop pad_left outputs.
+    up_reach = max(
+        (up.kernel_size - 1 - up.pad_left) / up.ratio + up.pad, up.pad_left / up.ratio - up.pad
+    )
+    # Downsample: output n reads its input [n * stride - pad_left, ... + kernel - 1].
+    down_reach = max(down.pad_left, down.kernel_size - 1 - down.pad_left) / down.stride
+    return up_reach + down_reach
+
+
+def _amp_reach(block: nn.Module) -> float:
+    acts1, acts2 = block.activations[::2], block.activations[1::2]
+    return sum(
+        _anti_aliased_reach(act1)
+        + _conv_reach(conv1)
+        + _anti_aliased_reach(act2)
+        + _conv_reach(conv2)
+        for conv1, conv2, act1, act2 in zip(block.convs1, block.convs2, acts1, acts2, strict=True)
+    )

@@ -1,0 +1,118 @@
+"""Streaming speech end to end (local backend, tiny Qwen2.5-Omni) against transformers' generate.
+
+With stream_audio the talker starts while the thinker is still writing and token2wav decodes
+codes in chunks while the talker is still speaking. The thinker and talker tokens must still equal
+transformers' exactly, the thinker rows the talker consumed must equal the rows of the finished
+thinker result, audio must come in several chunks (the first before the talker finishes) that join
+into the whole waveform within the documented bound of the exact whole-sequence decode, and a
+repeated prompt must still be served from the prefix caches.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from omni import Omni
+from omni.core.sampling_params import SamplingParams
+from tests.integration.omni_reference import load_hf, run_generate
+from tools.omni_preprocess import OmniPreprocessor
+
+pytestmark = pytest.mark.slow
+
+THINKER_TOKENS, TALKER_TOKENS, SEED = 12, 60, 3
+TEXT = "tell me what you notice in it, with every colour and every shape you can see there"
+PARAMS = [
+    SamplingParams(max_tokens=THINKER_TOKENS, ignore_eos=True),
+    SamplingParams(max_tokens=TALKER_TOKENS, stop_token_ids=(8292, 8294)),
+    SamplingParams(max_tokens=1, seed=SEED),
+]
+MIN_SNR_DB = 55.0  # docs/streaming.md: 12 codes of context each side (the YAML's)
+
+
+@pytest.fixture(scope="module")
+def reference(omni_dir):
+    model = load_hf(omni_dir)
+    model.thinker.generation_config.eos_token_id = None  # exactly THINKER_TOKENS on both sides
+    ids = OmniPreprocessor(omni_dir)(TEXT)["input_ids"][0].tolist()
+    (ref,) = run_generate(
+        model, [ids], thinker_tokens=THINKER_TOKENS, talker_tokens=TALKER_TOKENS, seed=SEED
+    )
+    return ref
+
+
+class RowSpy:
+    """Records the thinker rows the talker adapter is handed (its first input, then pieces)."""
+
+    def __init__(self, talker) -> None:
+        self.rows: dict[str, list[torch.Tensor]] = {"hidden": [], "embeds": []}
+        check, extend = talker.check_inputs, talker.extend_inputs
+
+        def check_inputs(stage_input):
+            self.rows = {"hidden": [], "embeds": []}
+            self._take(stage_input.extras)
+            return check(stage_input)
+
+        def extend_inputs(request_id, delta):
+            self._take(delta.extras)
+            return extend(request_id, delta)
+
+        talker.check_inputs, talker.extend_inputs = check_inputs, extend_inputs
+
+    def _take(self, extras) -> None:
+        if "thinker_hidden" in extras:
+            self.rows["hidden"].append(extras["thinker_hidden"].clone())
+            self.rows["embeds"].append(extras["thinker_embeds"].clone())
+
+
+def _snr_db(signal: torch.Tensor, approx: torch.Tensor) -> float:
+    noise = (signal - approx).pow(2).sum().item()
+    return math.inf if noise == 0 else 10 * math.log10(signal.pow(2).sum().item() / noise)
+
+
+def test_streaming_speech_matches_transformers(omni_dir, reference):
+    overrides = {
+        "stages.talker.input_processor": "thinker_to_talker_unmasked",
+        "stages.token2wav.stream.chunk_size": 20,  # 60 codes: chunks of 10, 20, 20, 10
+    }
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **overrides) as omni:
+        spy = RowSpy(omni.backend.hosts["talker"].engine.model)
+
+        async def stream():
+            return [o async for o in omni.engine.generate({"prompt": TEXT}, PARAMS)]
+
+        rounds = [omni._call(stream()) for _ in range(2)]
+        rows = {k: torch.cat(v) for k, v in spy.rows.items()}
+        exact = omni.generate([{"prompt": TEXT}], PARAMS, use_tqdm=False)[0]
+    for round_, snapshots in enumerate(rounds):
+        out = snapshots[-1]
+        assert out.finished and out.error is None, out.error
+        assert out.stages["thinker"].token_ids == reference.thinker_ids
+        assert out.stages["talker"].token_ids == reference.codes
+        # The talker started before the thinker finished, token2wav before the talker did.
+        talker_early = [s for s in snapshots if "talker" in s.stages]
+        assert not talker_early[0].stages["thinker"].finished
+        chunks = [len(s.final.audio) for s in snapshots if s.final.stage == "token2wav"]
+        assert len(set(chunks)) > 2, chunks  # several chunks (growing), then the whole
+        first = next(
+            s for s in snapshots if s.final.stage == "token2wav" and s.final.audio is not None
+        )
+        assert not first.stages["talker"].finished
+        audio = out.final.audio
+        assert audio.shape == reference.wav.shape
+        assert _snr_db(reference.wav, audio) >= MIN_SNR_DB
+        assert 0 < out.final.timings["first_audio_s"] < out.final.timings["finished_s"]
+        for stage in ("thinker", "talker"):
+            assert (out.stages[stage].num_cached_tokens > 0) == (round_ == 1), stage
+    # The rows the talker consumed (the spy keeps the last request's) are the rows of the
+    # finished thinker result, bit for bit, and transformers' within float tolerance.
+    thinker = rounds[-1][-1].stages["thinker"].tensors
+    assert torch.equal(rows["hidden"], thinker["hidden_states"])
+    assert torch.equal(rows["embeds"], thinker["inputs_embeds"])
+    torch.testing.assert_close(rows["hidden"], reference.hidden, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(rows["embeds"], reference.embeds, atol=1e-5, rtol=1e-4)
+    # Streaming off: the exact whole-sequence path.
+    assert exact.stages["talker"].token_ids == reference.codes
+    torch.testing.assert_close(exact.final.audio, reference.wav, atol=1e-4, rtol=1e-3)
