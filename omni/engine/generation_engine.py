@@ -180,7 +180,10 @@ class GenerationEngine:
     def _schedule(self) -> list[_Work]:
         """The step's items: ready ones ranked (chunk index, arrival), at most max_num_seqs. A
         stream's chunks rank in their order, so a taken chunk's predecessors are taken too."""
-        work = [_Work((0, order), rid) for rid, (_, _, order) in self._pending.items()]
+        # At most one whole-sequence decode per step: they run one by one anyway, and each
+        # waveform then leaves as soon as it is done instead of waiting for the others.
+        whole = list(self._pending.items())[:1]
+        work = [_Work((0, order), rid) for rid, (_, _, order) in whole]
         for rid, stream in self._streams.items():
             work += [_Work((i, stream.order), rid, s, e) for i, s, e in self._ready_chunks(stream)]
         return sorted(work, key=lambda w: w.rank)[: self.config.engine.max_num_seqs]

@@ -10,6 +10,8 @@ join the same always-on pipeline and are batched with everyone else's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import os
 import queue
 import threading
@@ -59,16 +61,23 @@ class Omni:
 
     # ---- public API ---------------------------------------------------------------------------
     def generate(
-        self, prompts: Any, sampling_params: StageParams = None, *, use_tqdm: bool = True
+        self,
+        prompts: Any,
+        sampling_params: StageParams = None,
+        *,
+        use_tqdm: bool = True,
+        stream_audio: bool = False,
     ) -> list[OmniOutput]:
         """One OmniOutput per prompt, in prompt order. Every prompt is checked before any runs.
         A request that fails in some stage comes back with .error set (naming the request and
-        the stage); the others are unaffected."""
+        the stage); the others are unaffected. stream_audio=False (default): the whole-sequence
+        path, whose waveform equals transformers' `generate`; True: the streaming path (talker
+        started early, vocoder in chunks), for its timings (`first_audio_s`)."""
         requests, params = self._prepare(prompts, sampling_params)
         progress = _progress(len(requests), use_tqdm)
 
         async def one(request: PromptInput) -> OmniOutput:
-            run = self.engine.run(request, params, stream_steps=False)
+            run = self.engine.run(request, params, stream_steps=False, stream=stream_audio)
             outputs = [output async for output in run]
             progress.update(1)
             return outputs[-1]
@@ -117,19 +126,39 @@ class Omni:
         except ValueError as e:  # the message models' own validation (pydantic)
             raise ValueError(f"messages: {e}") from None
 
-    def stream(self, prompts: Any, sampling_params: StageParams = None) -> Iterator[StageResult]:
-        """Every stage's result of every request, as soon as that stage finishes it (the final
-        stage's result last for each request). Leaving the loop early aborts what is left."""
+    def stream(
+        self, prompts: Any, sampling_params: StageParams = None, *, stream_audio: bool = True
+    ) -> Iterator[StageResult]:
+        """Every stage's result of every request as soon as that stage finishes it (the final
+        stage's result last for each request). Leaving the loop early aborts what is left.
+
+        stream_audio (default): the streaming path (AsyncOmni.generate's stream_audio), and the
+        audio comes as it is decoded: before an audio stage's finished result come partial
+        results of that stage (finish_reason None) whose `audio` is only the samples new since
+        the previous one. Joined in order, they are the finished result's whole `audio`, so a
+        player plays the partials and keeps the finished result for its timings. False: only
+        finished results, from the whole-sequence path (the waveform transformers produces)."""
         requests, params = self._prepare(prompts, sampling_params)
         results: queue.Queue[StageResult | None] = queue.Queue()
 
         async def one(request: PromptInput) -> None:
             seen: set[str] = set()
-            async for output in self.engine.run(request, params, stream_steps=False):
-                for name, result in output.stages.items():
-                    if result.finished and name not in seen:
-                        seen.add(name)
-                        results.put(result)
+            audio_sent: dict[str, int] = {}  # stage -> samples already yielded as partials
+            # Per-step snapshots carry the chunks (a snapshot per finished stage would not).
+            run = self.engine.run(request, params, stream_steps=stream_audio, stream=stream_audio)
+            async with contextlib.aclosing(run) as outputs:
+                async for output in outputs:
+                    for name, result in output.stages.items():
+                        if name in seen:
+                            continue
+                        if stream_audio and result.audio is not None and result.ok:
+                            chunk = _new_audio(result, audio_sent.get(name, 0))
+                            if chunk is not None:
+                                audio_sent[name] = result.audio.numel()
+                                results.put(chunk)
+                        if result.finished:
+                            seen.add(name)
+                            results.put(result)
 
         async def every() -> None:
             try:
@@ -206,6 +235,20 @@ class Omni:
             except queue.Empty:
                 if not self._thread.is_alive():
                     raise RuntimeError("omni's event loop thread is gone") from None
+
+
+def _new_audio(result: StageResult, sent: int) -> StageResult | None:
+    """A partial result holding `result`'s samples after the first `sent` (None: none new).
+    Snapshots hold the waveform so far and the finished result all of it, so the tail of each
+    is exactly what the previous ones lacked; a snapshot missed (the caller's queue keeps only
+    the newest) only makes the next piece longer. The piece is a copy: a view would keep every
+    snapshot's whole waveform alive for as long as the caller keeps the pieces."""
+    if result.audio.numel() <= sent:
+        return None
+    piece = result.audio.reshape(-1)[sent:].clone()
+    return dataclasses.replace(
+        result, finish_reason=None, audio=piece, tensors={}, prompt_token_ids=[]
+    )
 
 
 class _NoProgress:

@@ -197,6 +197,14 @@ BAD = [
         "audio.format",
     ),
     (
+        "streamed wav audio",
+        "omni",
+        "chat",
+        {**GOOD, **AUDIO, "stream": True},
+        400,
+        "audio.format",
+    ),
+    (
         "audio without audio param",
         "omni",
         "chat",

@@ -1,11 +1,15 @@
 """POST /v1/chat/completions: text, or text + audio (`modalities: ["text", "audio"]`).
 
 One choice. Non-streaming: `message.content` is the text stage's text, `message.audio` the
-vocoder's waveform `{id, data (base64 wav or pcm16), expires_at, transcript}`. Streaming: a role
-chunk, `delta.content` pieces as the text stage generates, then the audio as `delta.audio`
-`{id, data: base64 pcm16 piece, transcript}` chunks once the vocoder is done (streaming is
-pcm16 whatever `audio.format` says, as with OpenAI), the finish reason, an optional usage chunk,
-`[DONE]`. Without audio the request ends at the text stage: the talker and vocoder never run.
+vocoder's waveform `{id, data (base64 wav or pcm16), expires_at, transcript}`, from the
+whole-sequence path (the waveform transformers produces). Streaming: a role chunk, the text as
+the text stage generates it, the audio as the vocoder decodes it, the finish reason, an optional
+usage chunk, `[DONE]`. Streamed audio runs the streaming path (the talker starts before the
+thinker has finished, the vocoder decodes in chunks) and must be pcm16, as with OpenAI: each new
+piece of waveform is a `delta.audio` `{id, data: base64 pcm16 of the new samples only}`, each
+text piece is both `delta.content` and `delta.audio.transcript`, and a last
+`delta.audio` `{id, expires_at}` closes the audio. Without audio the request ends at the text
+stage: the talker and vocoder never run.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from omni.messages import OmniOutput
 
 ENDPOINT = "/v1/chat/completions"
 AUDIO_FORMATS = ("wav", "pcm16")
+STREAM_AUDIO_FORMAT = "pcm16"  # raw samples: any run of whole samples plays on its own
 AUDIO_TTL_S = 3600
 
 
@@ -55,6 +60,13 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
                 f"{list(AUDIO_FORMATS)}",
                 "audio.format",
             )
+        if body.stream and body.audio.format != STREAM_AUDIO_FORMAT:
+            raise bad_request(
+                f"audio.format {body.audio.format!r} cannot be streamed: streamed audio "
+                f"(stream: true) is {STREAM_AUDIO_FORMAT!r} only",
+                "audio.format",
+                "unsupported_value",
+            )
         speaker = ctx.voice(body.audio.voice, "audio.voice")
     plan = sampling.plan(
         ctx.engine,
@@ -78,8 +90,13 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
     final_stage = None if want_audio else text_stage
     timer = ctx.metrics.timer(ENDPOINT)
     job = _Job(ctx, body, request_id, text_stage, plan, want_audio)
+    # Streamed audio takes the streaming path; a non-streamed response keeps the exact one.
     outputs = ctx.engine.run(
-        prepared, plan.params, final_stage=final_stage, stream_steps=bool(body.stream)
+        prepared,
+        plan.params,
+        final_stage=final_stage,
+        stream_steps=bool(body.stream),
+        stream=bool(body.stream) and want_audio,
     )
     if body.stream:
         return StreamingResponse(job.stream(outputs, timer), media_type="text/event-stream")
@@ -163,6 +180,7 @@ class _Job:
     async def stream(self, outputs: Any, timer: Any) -> AsyncIterator[bytes]:
         last = None
         ok = False
+        samples_sent = 0  # of the audio stage's waveform; snapshots hold all of it so far
         try:
             yield self._chunk({"role": "assistant", "content": ""})
             async with contextlib.aclosing(outputs) as snapshots:
@@ -171,11 +189,13 @@ class _Job:
                     delta = self.view.delta(last)
                     if delta:
                         timer.first_token()
-                        yield self._chunk({"content": delta})
-                    if self.want_audio and last.finished and last.final.audio is not None:
+                        yield self._chunk(self._text_delta(delta))
+                    audio = self._audio(last)
+                    if audio is not None and audio.numel() > samples_sent:
                         timer.first_audio()
-                        for chunk in self._audio_chunks(last):
+                        for chunk in self._audio_chunks(audio[samples_sent:]):
                             yield chunk
+                        samples_sent = audio.numel()
             try:
                 out = streaming.check(last)
             except Exception as e:  # noqa: BLE001 - reported in the stream, the status is sent
@@ -183,6 +203,9 @@ class _Job:
                 yield streaming.DONE
                 return
             ok = True
+            if samples_sent:
+                expires_at = int(time.time()) + AUDIO_TTL_S
+                yield self._chunk({"audio": {"id": self.audio_id, "expires_at": expires_at}})
             yield self._chunk({}, streaming.finish_reason(out, self.text_stage))
             options = self.body.stream_options
             if options is not None and options.include_usage:
@@ -192,18 +215,25 @@ class _Job:
         finally:
             timer.done(ok=ok)
 
-    def _audio_chunks(self, out: OmniOutput) -> list[bytes]:
-        data = audio_encoding.pcm16_bytes(out.final.audio)
-        transcript = self.view.text(out)
-        pieces = []
-        for i, piece in enumerate(audio_encoding.chunks(data)):
-            audio: dict[str, Any] = {"id": self.audio_id, "data": base64.b64encode(piece).decode()}
-            if i == 0:
-                audio["transcript"] = transcript
-            pieces.append(self._chunk({"audio": audio}))
-        pieces.append(
-            self._chunk(
-                {"audio": {"id": self.audio_id, "expires_at": int(time.time()) + AUDIO_TTL_S}}
-            )
-        )
-        return pieces
+    def _text_delta(self, text: str) -> dict[str, Any]:
+        """New text: `content` for text clients and, with audio, the transcript as OpenAI
+        streams it."""
+        if not self.want_audio:
+            return {"content": text}
+        return {"content": text, "audio": {"id": self.audio_id, "transcript": text}}
+
+    def _audio(self, out: OmniOutput) -> Any:
+        """The audio stage's waveform so far (all of it once finished); None without audio."""
+        if not self.want_audio or out.error is not None:
+            return None
+        result = out.stages.get(self.ctx.engine.audio_stage)
+        return None if result is None else result.audio
+
+    def _audio_chunks(self, new_samples: Any) -> list[bytes]:
+        """`delta.audio` chunks of the new samples: pieces of at most CHUNK_SAMPLES, so that a
+        waveform decoded all at once (a vocoder that does not stream) is still sent in pieces."""
+        data = audio_encoding.pcm16_bytes(new_samples)
+        return [
+            self._chunk({"audio": {"id": self.audio_id, "data": base64.b64encode(piece).decode()}})
+            for piece in audio_encoding.chunks(data)
+        ]
