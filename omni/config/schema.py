@@ -42,6 +42,8 @@ from omni.registry import (
 
 HASH_ALGOS = ("xxhash", "sha256")
 DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+OUTPUT_CACHE_DEVICES = ("cpu", "cuda")
 KINDS = ADAPTER_KINDS
 BACKENDS = ("ray", "local")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -77,8 +79,18 @@ class EngineConfig:
     """Keep per-token stage outputs beside the KV blocks; null means enable_prefix_caching."""
     hash_algo: str = "xxhash"
     """Block hash function: xxhash (fast) or sha256 (collision-proof)."""
-    dtype: str = "float32"
-    """Model weights and activations: float32, bfloat16 or float16."""
+    dtype: str | None = None
+    """Model weights and activations: float32, bfloat16 or float16; null means bfloat16 on a
+    GPU and float32 on the CPU."""
+    device: str = "auto"
+    """Where weights, KV cache and activations live: cpu, cuda, or auto (the GPU Ray assigned
+    to this stage, else the GPU torch sees, else the CPU)."""
+    gpu_memory_utilization: float | None = None
+    """Share (0 < x <= 1) of its GPU's memory this stage may use on a GPU (weights, KV and
+    output caches, activations); null means resources.num_gpus when that is a fraction, else 0.9."""
+    output_cache_device: str = "cpu"
+    """Where a GPU stage keeps its stage-output cache: cpu (pinned host memory, written by
+    asynchronous copies) or cuda (GPU memory)."""
     seed: int = 0
     """Seed of this stage's generator for requests that bring no seed of their own."""
     num_threads: int | None = None
@@ -97,12 +109,24 @@ class EngineConfig:
         ok = math.isfinite(self.kv_cache_memory) and self.kv_cache_memory > 0
         require(ok, self, "kv_cache_memory", "a share in (0, 1] or a number of bytes > 1")
         require(self.hash_algo in HASH_ALGOS, self, "hash_algo", one_of(HASH_ALGOS))
-        require(self.dtype in DTYPES, self, "dtype", one_of(DTYPES))
+        require(self.dtype is None or self.dtype in DTYPES, self, "dtype", one_of(DTYPES))
+        require(self.device in DEVICES, self, "device", one_of(DEVICES))
+        utilization = self.gpu_memory_utilization
+        ok = utilization is None or (math.isfinite(utilization) and 0 < utilization <= 1)
+        require(ok, self, "gpu_memory_utilization", "a share in (0, 1] or null")
+        choices = OUTPUT_CACHE_DEVICES
+        require(self.output_cache_device in choices, self, "output_cache_device", one_of(choices))
         require(self.seed >= 0, self, "seed", "an integer >= 0")
         require(self.num_threads is None or self.num_threads >= 1, self, "num_threads", ">= 1")
         # Cached outputs are found only through prefix hits: without APC they would never be read.
         ok = not (self.cache_outputs and not self.enable_prefix_caching)
         require(ok, self, "cache_outputs", "false or null when enable_prefix_caching is false")
+
+    def resolved_dtype(self, on_gpu: bool) -> str:
+        """The dtype with the null default resolved for the stage's device."""
+        if self.dtype is not None:
+            return self.dtype
+        return "bfloat16" if on_gpu else "float32"
 
     @property
     def outputs_cached(self) -> bool:

@@ -34,7 +34,7 @@ class StageEngine:
         self.config = config
         self.name = config.name
         engine = config.engine
-        dtype = DTYPES[engine.dtype]
+        dtype = DTYPES[engine.resolved_dtype(on_gpu=False)]
         self.model = model or get_adapter(config.adapter)(config.model, dtype=dtype)
         self.block_size = engine.block_size
         self.max_model_len: int = engine.max_model_len or DEFAULT_MAX_MODEL_LEN

@@ -46,7 +46,9 @@ def test_defaults(model):
     # keeps no per-token outputs unless asked.
     assert a.engine == dataclasses.replace(EngineConfig(), max_model_len=4096, outputs=())
     assert (a.engine.block_size, a.engine.num_blocks, a.engine.kv_cache_memory) == (16, None, 0.1)
-    assert a.engine.hash_algo == "xxhash" and a.engine.dtype == "float32"
+    assert a.engine.hash_algo == "xxhash" and a.engine.dtype is None and a.engine.device == "auto"
+    assert a.engine.resolved_dtype(on_gpu=False) == "float32"
+    assert a.engine.resolved_dtype(on_gpu=True) == "bfloat16"
     assert a.engine.outputs_cached and a.num_threads == 1
     assert a.resources == ResourcesConfig(num_cpus=1.0, num_gpus=0.0, custom={})
     assert a.sampling == SamplingParams()
