@@ -30,6 +30,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from omni.backends.ray_session import RaySession, ray_error_cause
 from omni.backends.transport import pack_input, unpack_event, unpack_result
 from omni.config import ConfigError, OmniConfig, check_resources
+from omni.config.devices import plan_gpus
 from omni.host import Processor
 from omni.messages import RoutedDelta, RoutedInput, StageDied, StageEvent, StageInput, StageResult
 
@@ -65,7 +66,11 @@ class RayBackend:
         self.placement: dict[str, dict[str, Any]] = {}
         try:
             # Ray would leave an actor that fits nowhere pending forever: refuse up front.
-            check_resources(config, self.session.node_resources())
+            nodes = self.session.node_resources()
+            num_gpus = sum(n.get("GPU", 0.0) for n in nodes)
+            what = f"the Ray cluster has {num_gpus:g} GPUs ({len(nodes)} nodes)"
+            self.config = config = plan_gpus(config, cuda_available=num_gpus > 0, what=what)
+            check_resources(config, nodes)
             self._check_free()
             if config.runtime.placement != "none":
                 self.pg = self._reserve(config.runtime.placement.upper())

@@ -16,6 +16,7 @@ from typing import Any
 
 from omni.backends.backend import StageBackend
 from omni.config import OmniConfig
+from omni.config.devices import plan_gpus
 from omni.core.sampling_params import SamplingParams
 from omni.driver.request_state import Decode, Sink
 from omni.driver.router import Router
@@ -38,8 +39,14 @@ def start_backend(config: OmniConfig) -> StageBackend:
         if s.input_processor is not None
     }
     if config.runtime.backend == "local":
+        import torch
+
         from omni.backends.local import LocalBackend
 
+        cuda = torch.cuda.is_available()
+        config = plan_gpus(
+            config, cuda_available=cuda, what="torch sees no CUDA GPU on this machine"
+        )
         return LocalBackend(config, processors)
     from omni.backends.ray_backend import RayBackend
 

@@ -101,6 +101,27 @@ class TestFakeGpus:
                 assert "pid" in stats[name] and stats[name]["restarts"] == 0
             generate_ok(omni)
 
+    def test_gpu_requests_that_cannot_hold_fail_before_any_actor(self, qwen2_dir, llama_dir):
+        cases = {
+            "stages.a.resources.num_gpus": (
+                {"stages.a.engine.device": "cuda"},
+                "device cuda on Ray needs a GPU reserved",
+            ),
+            "stages.a.engine.gpu_memory_utilization": (
+                {
+                    "stages.a.resources.num_gpus": 0.5,
+                    "stages.a.engine.gpu_memory_utilization": 0.8,
+                },
+                "0.8 is more than the 0.5 GPU the stage reserves",
+            ),
+        }
+        for field, (overrides, message) in cases.items():
+            started = time.monotonic()
+            with pytest.raises(ConfigError, match=message) as caught:
+                Omni(two_stage_config(qwen2_dir, llama_dir, **SMALL, **overrides))
+            assert field in str(caught.value)
+            assert time.monotonic() - started < 30  # refused up front, no wait for resources
+
     def test_half_gpus_may_share_in_a_packed_group(self, qwen2_dir, llama_dir):
         overrides = {
             **SMALL,
