@@ -8,12 +8,16 @@ The thinker may generate up to max(its default, 2 x the input's tokens + 16) tok
 
 Responses: `response_format` wav (audio/wav) or pcm (raw 16-bit little-endian mono,
 audio/pcm). `stream_format` audio: the same bytes, chunked; sse: `speech.audio.delta` events
-(base64 pieces of those bytes, in order) and a final `speech.audio.done` with usage.
+(base64 pieces of those bytes, in order) and a final `speech.audio.done` with usage. A streamed
+pcm response takes the streaming path (docs/streaming.md): its bytes leave as the vocoder decodes
+them. wav needs the whole length in its header, so streamed wav (and every non-streamed response)
+comes from the exact whole-sequence path once it is complete.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -55,8 +59,14 @@ async def create(ctx: Context, request: Request, body: SpeechRequest) -> Respons
     )
     prepared = await streaming.prepare(ctx.engine, prompt, new_id("speech"))
     timer = ctx.metrics.timer(ENDPOINT)
-    outputs = ctx.engine.run(prepared, plan.params, stream_steps=False)
+    live = body.response_format == "pcm" and body.stream_format in ("sse", "audio")
+    outputs = ctx.engine.run(prepared, plan.params, stream_steps=live, stream=live)
     media_type = FORMATS[body.response_format]
+    if live:
+        return StreamingResponse(
+            _live(ctx, outputs, timer, sse=body.stream_format == "sse"),
+            media_type="text/event-stream" if body.stream_format == "sse" else media_type,
+        )
 
     def encoded(out: OmniOutput) -> bytes:
         final = out.final
@@ -93,6 +103,47 @@ async def create(ctx: Context, request: Request, body: SpeechRequest) -> Respons
 
         return StreamingResponse(pieces(), media_type=media_type)
     return Response(data, media_type=media_type)
+
+
+async def _live(ctx: Context, outputs: Any, timer: Any, *, sse: bool) -> AsyncIterator[bytes]:
+    """pcm bytes of each new piece of the waveform as the vocoder decodes it (as sse events, or
+    raw). A failure after the status was sent ends the stream (an sse `error` event)."""
+    audio_stage = ctx.engine.audio_stage
+    samples_sent = 0
+    last = None
+    try:
+        async with contextlib.aclosing(outputs) as snapshots:
+            async for last in snapshots:
+                timer.output()
+                audio = last.stages[audio_stage].audio if audio_stage in last.stages else None
+                if last.finished or audio is None or audio.numel() <= samples_sent:
+                    continue
+                timer.first_audio()
+                for piece in audio_encoding.chunks(
+                    audio_encoding.pcm16_bytes(audio[samples_sent:])
+                ):
+                    if sse:
+                        data = base64.b64encode(piece).decode()
+                        yield streaming.sse({"type": "speech.audio.delta", "audio": data})
+                    else:
+                        yield piece
+                samples_sent = audio.numel()
+        out = streaming.check(last)
+        audio = out.final.audio
+        if audio is not None and audio.numel() > samples_sent:  # the tail of the last step
+            rest = audio_encoding.pcm16_bytes(audio[samples_sent:])
+            if sse:
+                data = base64.b64encode(rest).decode()
+                yield streaming.sse({"type": "speech.audio.delta", "audio": data})
+            else:
+                yield rest
+        if sse:
+            yield streaming.sse({"type": "speech.audio.done", "usage": _usage(ctx, out)})
+    except Exception as e:  # noqa: BLE001 - the status is sent: report in the stream, if sse
+        if sse:
+            yield streaming.sse({"type": "error", **from_exception(e).body()})
+    finally:
+        timer.done(ok=last is not None and last.error is None)
 
 
 def _usage(ctx: Context, out: OmniOutput) -> dict[str, Any]:
