@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
@@ -11,15 +13,35 @@ from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
 
 
+def load_kwargs(device: torch.device) -> dict[str, Any]:
+    """from_pretrained arguments that load the weights straight onto a GPU (no CPU copy first);
+    none for the CPU, where loading stays as it always was."""
+    return {} if device.type == "cpu" else {"device_map": str(device)}
+
+
 @register_adapter("causal_lm", requires_causal_lm=True)
 class CausalLMAdapter(StageModelBase):
-    def __init__(self, model_dir: str, *, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         register_paged_attention()
         hf_logging.disable_progress_bar()  # a serving framework logs its own progress
+        self.device = torch.device(device)
         config = AutoConfig.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=dtype, attn_implementation=ATTENTION_NAME
-        ).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(
+                model_dir,
+                dtype=dtype,
+                attn_implementation=ATTENTION_NAME,
+                **load_kwargs(self.device),
+            )
+            .to(self.device)
+            .eval()
+        )
         self.dtype = dtype
         self.num_layers = config.num_hidden_layers
         self.num_kv_heads = (

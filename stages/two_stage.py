@@ -56,18 +56,39 @@ def hidden_to_embeds(upstream: dict[str, StageResult], prompt: PromptInput) -> S
 
 @register_adapter("embeds_lm", requires_causal_lm=True)
 class EmbedsLMAdapter(CausalLMAdapter):
-    def __init__(self, model_dir: str, *, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__(model_dir, dtype=dtype)
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__(model_dir, dtype=dtype, device=device)
         self._projections: dict[int, torch.Tensor] = {}  # upstream hidden size -> W
+        # Each request's upstream rows on this stage's device, moved once (the extras the
+        # engine keeps are the CPU tensors the stage received).
+        self._embeds: dict[str, torch.Tensor] = {}
 
     def projection(self, upstream_dim: int) -> torch.Tensor:
         if upstream_dim not in self._projections:
+            # Drawn on the CPU, so that every process and device builds the same W.
             generator = torch.Generator().manual_seed(PROJECTION_SEED)
             w = torch.randn(upstream_dim, self.hidden_size, generator=generator)
-            table = self.model.get_input_embeddings().weight.float()
+            table = self.model.get_input_embeddings().weight.float().cpu()
             scale = table.pow(2).mean().sqrt() / upstream_dim**0.5
-            self._projections[upstream_dim] = (w * scale).to(self.dtype)
+            self._projections[upstream_dim] = (w * scale).to(self.device, self.dtype)
         return self._projections[upstream_dim]
+
+    def release(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self._embeds.pop(request_id, None)
+
+    def _upstream(self, request_id: str, upstream: torch.Tensor) -> torch.Tensor:
+        embeds = self._embeds.get(request_id)
+        if embeds is None:
+            embeds = upstream.to(self.device, self.dtype, non_blocking=True)
+            self._embeds[request_id] = embeds
+        return embeds
 
     def check_inputs(self, stage_input: StageInput) -> None:
         """ValueError (failing this request alone) unless prompt_embeds fits the prompt."""
@@ -81,17 +102,19 @@ class EmbedsLMAdapter(CausalLMAdapter):
 
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
         embeds = self.model.get_input_embeddings()(inputs.input_ids)
-        starts = inputs.attn.query_start_loc.tolist()
+        starts = inputs.query_starts
         for i, entry in enumerate(inputs.scheduled):
             upstream = inputs.request_extras.get(entry.request_id, {}).get(EMBEDS_KEY)
             if upstream is None:
                 continue
-            lo, hi = starts[i], starts[i + 1]
-            positions = inputs.positions[lo:hi]
-            use = positions < upstream.shape[0]
-            if bool(use.any()):
-                rows = upstream[positions[use]].to(self.dtype)
-                embeds[lo:hi][use] = rows @ self.projection(upstream.shape[1])
+            # The entry feeds positions first, first + 1, ... (host-side: no device read); those
+            # below the upstream's length take its projected rows.
+            first = entry.num_computed_tokens
+            num_used = min(max(upstream.shape[0] - first, 0), starts[i + 1] - starts[i])
+            if num_used:
+                rows = self._upstream(entry.request_id, upstream)[first : first + num_used]
+                lo = starts[i]
+                embeds[lo : lo + num_used] = rows @ self.projection(upstream.shape[1])
         out = self.model.model(
             inputs_embeds=embeds.unsqueeze(0),
             position_ids=inputs.positions.unsqueeze(0),

@@ -10,6 +10,9 @@ long, and is ready once its codes and `look_ahead` more have come, or the input 
 requests one by one and all ready chunks in ONE `decode_chunks` call, ranked by chunk index,
 then arrival (a request's first audio goes ahead of other requests' later chunks). A stage host
 drives it like an AR stage (the `Engine` contract in omni/engine/engine.py).
+
+The adapter runs on the stage's device (omni/engine/device.py), always in float32 (a vocoder's
+numerics), and hands back CPU waveforms.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 
 from omni.config import StageConfig
+from omni.engine.device import cuda_memory_stats, resolve_device
 from omni.engine.engine import run_until_done
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
 from omni.registry import get_adapter
@@ -67,9 +71,13 @@ class GenerationEngine:
     def __init__(self, config: StageConfig, *, model: GenerationModel | None = None) -> None:
         self.config = config
         self.name = config.name
-        self.model: GenerationModel = model or get_adapter(config.adapter)(
-            config.model, dtype=torch.float32
-        )
+        device = resolve_device(config)  # checked even for an injected model
+        if model is None:
+            model = get_adapter(config.adapter)(config.model, dtype=torch.float32, device=device)
+        else:
+            device = torch.device(getattr(model, "device", device))
+        self.model: GenerationModel = model
+        self.device = device
         self._pending: OrderedDict[str, tuple[StageInput, float, int]] = OrderedDict()
         self._streams: dict[str, _Stream] = {}
         self._order = itertools.count()
@@ -223,7 +231,7 @@ class GenerationEngine:
         try:
             audio = self.model.generate(
                 stage_input, self.config.engine.seed if seed is None else seed
-            )
+            ).cpu()
         except Exception as e:  # one broken request fails alone; its host reports it
             failed[stage_input.request_id] = e
             return None
@@ -259,6 +267,7 @@ class GenerationEngine:
                 self._streams.pop(w.request_id, None)
                 continue
             assert audio is not None
+            audio = audio.cpu()  # results leave the stage on the host (a no-op for adapters)
             stream.chunks.append(audio)
             stream.num_emitted_tokens = w.end
             if stream.first_audio_s is None:
@@ -308,4 +317,12 @@ class GenerationEngine:
             "audio_s": self.audio_s,
             # Real-time factor: compute time per second of audio (< 1: faster than real time).
             "rtf": self.busy_s / self.audio_s if self.audio_s else None,
+            "device": str(self.device),
+            "dtype": "float32",
+            # No KV or output cache here: on the CPU nothing is held between requests.
+            **(
+                cuda_memory_stats(self.device)
+                if self.device.type == "cuda"
+                else {"memory_allocated_bytes": 0}
+            ),
         }

@@ -3,6 +3,12 @@
 `step()` is schedule -> execute -> update. Requests go in as StageInput; a step reports every
 request it advanced (StageUpdate: the new tokens) and every request it finished (StageResult,
 with the per-token output tensors gathered from the output cache).
+
+Device (omni/engine/device.py): weights, KV cache and activations live on the stage's device
+(`engine.device`), in `engine.dtype` (null: bfloat16 on a GPU, float32 on the CPU). On a GPU the
+pool is sized from `engine.gpu_memory_utilization` after a profiled forward when num_blocks is
+null (omni/engine/cache_sizing.py), and the output cache lives in pinned host memory
+(output_cache_device: cpu) or on the GPU (cuda). Results and updates leave as CPU tensors.
 """
 
 from __future__ import annotations
@@ -18,8 +24,25 @@ from omni.core.kv_cache_manager import KVCacheManager
 from omni.core.request import Request, RequestStatus
 from omni.core.scheduler import Scheduler, SchedulerConfig
 from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
-from omni.engine.cache_sizing import bytes_per_block, num_kv_blocks
-from omni.engine.engine import DTYPES, run_until_done
+from omni.engine.cache_sizing import (
+    bytes_per_block,
+    check_gpu_num_blocks,
+    gpu_memory_utilization,
+    gpu_num_blocks,
+    kv_bytes_per_block,
+    num_kv_blocks,
+    output_bytes_per_block,
+)
+from omni.engine.device import (
+    CPU,
+    cuda_free_bytes,
+    cuda_memory_stats,
+    dtype_name,
+    profile_peak_bytes,
+    resolve_device,
+    resolve_dtype,
+)
+from omni.engine.engine import run_until_done
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
 from omni.registry import get_adapter, get_adapter_spec
 from omni.runtime.model_runner import ModelRunner
@@ -34,23 +57,37 @@ class StageEngine:
         self.config = config
         self.name = config.name
         engine = config.engine
-        dtype = DTYPES[engine.resolved_dtype(on_gpu=False)]
-        self.model = model or get_adapter(config.adapter)(config.model, dtype=dtype)
+        # Checked even for an injected model: a stage asking for a GPU it has not is an error.
+        device = resolve_device(config)
+        dtype = resolve_dtype(config, device)
+        if model is None:
+            model = get_adapter(config.adapter)(config.model, dtype=dtype, device=device)
+        else:
+            device = torch.device(getattr(model, "device", device))  # where its weights are
+        self.model = model
+        self.device = device
+        self.dtype = dtype
         self.block_size = engine.block_size
         self.max_model_len: int = engine.max_model_len or DEFAULT_MAX_MODEL_LEN
         # None (a StageConfig outside an OmniConfig): every output the adapter emits.
         outputs = engine.outputs
         emits = get_adapter_spec(config.adapter).emits if outputs is None else outputs
-        block_bytes = bytes_per_block(
-            config,
-            num_layers=self.model.num_layers,
-            num_kv_heads=self.model.num_kv_heads,
-            head_dim=self.model.head_dim,
-            hidden_size=self.model.hidden_size,
-            num_outputs=len(emits),
-            itemsize=torch.finfo(dtype).bits // 8,
-        )
-        self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len)
+        itemsize = torch.finfo(dtype).bits // 8
+        if device.type == "cuda":
+            output_cache_device = device if engine.output_cache_device == "cuda" else CPU
+            self.num_blocks = self._gpu_num_blocks(len(emits), itemsize, output_cache_device)
+        else:
+            output_cache_device = CPU
+            block_bytes = bytes_per_block(
+                config,
+                num_layers=self.model.num_layers,
+                num_kv_heads=self.model.num_kv_heads,
+                head_dim=self.model.head_dim,
+                hidden_size=self.model.hidden_size,
+                num_outputs=len(emits),
+                itemsize=itemsize,
+            )
+            self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len)
         self.kv = KVCacheManager(
             self.num_blocks,
             engine.block_size,
@@ -60,7 +97,14 @@ class StageEngine:
         self.output_cache: OutputCache | None = None
         if outputs != ():
             keep = None if outputs is None else frozenset(outputs)
-            self.output_cache = OutputCache(self.num_blocks, engine.block_size, dtype, keep)
+            self.output_cache = OutputCache(
+                self.num_blocks,
+                engine.block_size,
+                dtype,
+                keep,
+                device=output_cache_device,
+                source_device=device,
+            )
             if keep is None or "hidden_states" in keep:
                 self.output_cache.allocate("hidden_states", (self.model.hidden_size,))
         self.scheduler = Scheduler(
@@ -74,6 +118,7 @@ class StageEngine:
             block_size=engine.block_size,
             output_cache=self.output_cache,
             seed=engine.seed,
+            device=device,
         )
         self.runner.warm_up()  # outputs it discovers belong to step 0, before any request
         self.num_steps = 0
@@ -83,6 +128,53 @@ class StageEngine:
         self._admitted_step: dict[str, int] = {}
         # stream_outputs requests -> output rows reported so far (StageUpdate.tensors)
         self._rows_sent: dict[str, int] = {}
+
+    def _gpu_num_blocks(
+        self, num_outputs: int, itemsize: int, output_cache_device: torch.device
+    ) -> int:
+        """The KV pool of a GPU stage: engine.num_blocks checked against the free GPU memory, or
+        sized from gpu_memory_utilization after a profiled forward of max_num_batched_tokens."""
+        config, engine = self.config, self.config.engine
+        kv_block = kv_bytes_per_block(
+            config,
+            num_layers=self.model.num_layers,
+            num_kv_heads=self.model.num_kv_heads,
+            head_dim=self.model.head_dim,
+            itemsize=itemsize,
+        )
+        out_block = output_bytes_per_block(
+            config,
+            hidden_size=self.model.hidden_size,
+            num_outputs=num_outputs,
+            itemsize=itemsize,
+        )
+        on_gpu = output_cache_device.type == "cuda"
+        gpu_block = kv_block + (out_block if on_gpu else 0)
+        host_block = 0 if on_gpu else out_block
+        if engine.num_blocks is not None:
+            return check_gpu_num_blocks(
+                config,
+                num_blocks=engine.num_blocks,
+                free_bytes=cuda_free_bytes(self.device),
+                block_bytes=gpu_block,
+                host_block_bytes=host_block,
+            )
+        peak, total = profile_peak_bytes(
+            self.model,
+            block_size=engine.block_size,
+            num_tokens=min(engine.max_num_batched_tokens, self.max_model_len),
+            num_sample_rows=engine.max_num_seqs,
+            device=self.device,
+        )
+        return gpu_num_blocks(
+            config,
+            total_bytes=total,
+            peak_bytes=peak,
+            utilization=gpu_memory_utilization(config),
+            block_bytes=gpu_block,
+            max_model_len=self.max_model_len,
+            host_block_bytes=host_block,
+        )
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, stage_input: StageInput) -> None:
@@ -294,4 +386,23 @@ class StageEngine:
             "rows_recomputed": self.scheduler.num_hit_blocks_refused * self.block_size,
             "num_blocks": self.num_blocks,
             **(self.output_cache.stats() if self.output_cache is not None else {}),
+            **self._device_stats(),
         }
+
+    def _device_stats(self) -> dict[str, Any]:
+        """Where the stage runs and the memory it holds: on a GPU this process's torch
+        allocations there; on the CPU the bytes of its KV and output caches."""
+        kv_bytes = self.runner.kv_cache_bytes
+        out: dict[str, Any] = {
+            "device": str(self.device),
+            "dtype": dtype_name(self.dtype),
+            "kv_cache_bytes": kv_bytes,
+        }
+        if self.output_cache is not None:
+            out["output_cache_device"] = str(self.output_cache.device)
+        if self.device.type == "cuda":
+            out.update(cuda_memory_stats(self.device))
+        else:
+            cache = self.output_cache.num_bytes if self.output_cache is not None else 0
+            out["memory_allocated_bytes"] = kv_bytes + cache
+        return out

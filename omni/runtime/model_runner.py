@@ -4,6 +4,13 @@ Only the uncached tokens are fed, as a single row (batch 1) with explicit positi
 attention reads each sequence's context from the KV blocks through its block table. Logits are
 computed only at the rows where a token is sampled. Every fed token's per-token outputs are
 written to the stage-output cache at the token's KV slot.
+
+Devices: the KV cache, the step's inputs (token ids, positions) and its attention metadata
+(slot_mapping, query_start_loc, seq_lens, block_tables) live on the runner's device. They are
+packed on the host with numpy and, on a GPU, go over in ONE non_blocking copy from pinned
+memory; the sampler returns the chosen ids as Python ints (the step's device-to-host sync).
+Per-request extras stay as the stage received them (CPU tensors): the adapter moves what it
+uses to its device.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ class _RequestState:
 @dataclass
 class PackedBatch:
     model_inputs: ModelInputs
-    slot_mapping: torch.Tensor
+    slot_mapping: torch.Tensor  # on the host (CPU), as model_inputs.attn.slot_mapping
     sample_rows: list[int]  # row of the packed batch whose hidden state gives the logits
     sample_ids: list[str]
 
@@ -46,9 +53,13 @@ class ModelRunner:
         block_size: int,
         output_cache: OutputCache | None,
         seed: int = 0,
+        device: torch.device | str | None = None,
     ) -> None:
+        """device: where the KV cache, inputs and metadata live (None: the CPU); the model's
+        weights must be there already."""
         self.model = model
         self.block_size = block_size
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.kv_caches = allocate_kv_caches(
             model.num_layers,
             num_blocks,
@@ -56,26 +67,49 @@ class ModelRunner:
             model.num_kv_heads,
             model.head_dim,
             model.dtype,
+            device=self.device,
         )
         self.output_cache = output_cache
-        self.sampler = Sampler(seed)
+        self.sampler = Sampler(seed, device=self.device)
         self._requests: dict[str, _RequestState] = {}
         # Per-request stage inputs (upstream embeddings, pixel values, ...), kept until finished.
         self._extras: dict[str, Mapping[str, Any]] = {}
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for pair in self.kv_caches for t in pair)
 
     @torch.inference_mode()
     def warm_up(self) -> None:
         """One 2-token forward before serving, so that every per-token output the stage returns
         is discovered (and its cache allocated) before any block is cached. The first blocks are
         free and uncached now; whatever this writes is overwritten on allocation."""
-        block_ids = list(range(-(-2 // self.block_size)))
-        entry = ScheduledRequest("__warm_up__", [0, 0], 0, block_ids, True, False, SamplingParams())
-        batch = self._pack([entry])
+        batch = self._dummy_batch("__warm_up__", 2)
         outputs = self.model.forward(batch.model_inputs)
-        self._requests.pop(entry.request_id, None)
         if self.output_cache is not None:
             per_token = {"hidden_states": outputs.hidden_states, **outputs.extra}
             self.output_cache.discover(per_token, batch.slot_mapping.numel())
+
+    @torch.inference_mode()
+    def profile_forward(self, num_tokens: int, num_sample_rows: int) -> None:
+        """The largest step the scheduler can make, for memory profiling: one sequence of
+        num_tokens fed tokens, then the logits and sampling of num_sample_rows rows. Needs
+        ceil(num_tokens / block_size) KV blocks; nothing is cached or returned."""
+        batch = self._dummy_batch("__profile__", num_tokens)
+        outputs = self.model.forward(batch.model_inputs)
+        rows = max(1, min(num_sample_rows, num_tokens))
+        logits = self.model.compute_logits(outputs.hidden_states[-rows:])
+        self.sampler(logits, [SamplingParams()] * rows, [0] * rows)
+
+    def _dummy_batch(self, request_id: str, num_tokens: int) -> PackedBatch:
+        """A batch of one sequence of num_tokens zeros in blocks 0, 1, ... (no request kept)."""
+        block_ids = list(range(-(-num_tokens // self.block_size)))
+        entry = ScheduledRequest(
+            request_id, [0] * num_tokens, 0, block_ids, True, False, SamplingParams()
+        )
+        batch = self._pack([entry])
+        self._requests.pop(request_id, None)
+        return batch
 
     def add_request_extras(self, request_id: str, extras: Mapping[str, Any]) -> None:
         """Per-request inputs beyond token ids (e.g. upstream hidden states), kept until release."""
@@ -100,7 +134,11 @@ class ModelRunner:
         if self.output_cache is not None:
             per_token = {"hidden_states": outputs.hidden_states, **outputs.extra}
             self.output_cache.discover(per_token, batch.slot_mapping.numel())
-            self.output_cache.write(batch.slot_mapping, per_token)
+            self.output_cache.write(
+                batch.slot_mapping,
+                per_token,
+                device_slot_mapping=batch.model_inputs.attn.slot_mapping,
+            )
         if not batch.sample_rows:
             return RunnerOutput(sampled_token_ids={})
         logits = self.model.compute_logits(outputs.hidden_states[batch.sample_rows])
@@ -152,20 +190,43 @@ class ModelRunner:
         bs = self.block_size
         slots = block_tables[seq_of_token, positions // bs] * bs + positions % bs
 
-        slot_mapping = torch.from_numpy(slots)
+        input_ids, positions_t, slot_mapping, query_start_t, seq_lens_t, tables_t = self._upload(
+            [
+                np.asarray(token_ids, dtype=np.int64),
+                positions.astype(np.int64, copy=False),
+                slots,
+                query_start_loc,
+                seq_lens,
+                block_tables,
+            ]
+        )
         attn = AttentionMetadata.build(
             slot_mapping=slot_mapping,
-            query_start_loc=torch.from_numpy(query_start_loc),
-            seq_lens=torch.from_numpy(seq_lens),
-            block_tables=torch.from_numpy(block_tables),
+            query_start_loc=query_start_t,
+            seq_lens=seq_lens_t,
+            block_tables=tables_t,
             kv_caches=self.kv_caches,
             block_size=bs,
         )
         inputs = ModelInputs(
-            input_ids=torch.tensor(token_ids, dtype=torch.long),
-            positions=torch.from_numpy(positions),
+            input_ids=input_ids,
+            positions=positions_t,
             attn=attn,
             scheduled=scheduled,
             request_extras={e.request_id: self._extras.get(e.request_id, {}) for e in scheduled},
         )
-        return PackedBatch(inputs, slot_mapping, sample_rows, sample_ids)
+        host_slots = slot_mapping if slot_mapping.device.type == "cpu" else torch.from_numpy(slots)
+        return PackedBatch(inputs, host_slots, sample_rows, sample_ids)
+
+    def _upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+        """int64 host arrays as tensors on the runner's device: views of the arrays on the CPU;
+        on a GPU one pinned staging buffer and one non_blocking copy, split into views there."""
+        if self.device.type == "cpu":
+            return [torch.from_numpy(a) for a in arrays]
+        flat = np.concatenate([a.reshape(-1) for a in arrays])
+        on_device = torch.from_numpy(flat).pin_memory().to(self.device, non_blocking=True)
+        out, offset = [], 0
+        for a in arrays:
+            out.append(on_device[offset : offset + a.size].view(a.shape))
+            offset += a.size
+        return out

@@ -11,16 +11,89 @@ block's rows were completed; the pool bumps a block's version whenever it loses 
 reused block never serves the previous content's rows. A hit on a block whose rows are not valid is
 refused and recomputed (the scheduler counts it), except when the block is completed by the
 same step's forward ("pending"): those rows are written before any reader can finish.
+
+Devices: the cache lives on `device` and its rows come from forwards on `source_device`.
+- Both the CPU (a CPU stage): one indexed copy per output and step, as always.
+- Both the GPU (a GPU stage with output_cache_device: cuda): the same indexed copy, on the GPU,
+  in the forward's stream.
+- A GPU stage with the cache in host memory (output_cache_device: cpu): the cache is pinned host
+  memory, and each step's rows go down in non_blocking device-to-host copies, one per run of
+  consecutive slots, on a side CUDA stream that first waits for an event recorded after the
+  forward on the main stream. So the forward and the next step never wait for these copies;
+  every read (gather, rows, synchronize) waits for the last copy's event first. A copy's source
+  rows are kept from reuse by the allocator until the side stream is done with them
+  (record_stream).
+Whatever leaves the cache (gather, rows) is a new CPU tensor: results travel as CPU tensors.
+`async_copies=True` on a CPU-only cache runs the run-by-run copy path synchronously (tests).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
+
+CPU = torch.device("cpu")
+
+
+def slot_runs(slots: np.ndarray) -> list[tuple[int, int, int]]:
+    """(first row, first slot, length) of each maximal run of consecutive slots in slot order:
+    rows [r, r + n) go to slots [s, s + n)."""
+    if slots.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [slots.size]))
+    return [(int(a), int(slots[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
+
+
+class _AsyncCopies:
+    """Device-to-host copies on a side CUDA stream, ordered after the main stream's forward by
+    an event; `wait()` blocks the host until the last copy landed. Without a stream (a CPU
+    source) the copies are plain synchronous ones and wait() has nothing to do."""
+
+    def __init__(self, source_device: torch.device) -> None:
+        self.stream: Any = None
+        if source_device.type == "cuda":
+            self.stream = torch.cuda.Stream(device=source_device)
+        self.source_device = source_device
+        self._done: Any = None  # torch.cuda.Event of the last copy
+
+    def copy_rows(
+        self, runs: list[tuple[int, int, int]], pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        """For each (flat cache, rows) pair: rows[r:r + n] -> flat[s:s + n] for every run."""
+        if self.stream is None:
+            for flat, rows in pairs:
+                converted = rows.detach().to(flat.dtype)
+                for row, slot, length in runs:
+                    flat[slot : slot + length].copy_(converted[row : row + length])
+            return
+        main = torch.cuda.current_stream(self.source_device)
+        forward_done = torch.cuda.Event()
+        forward_done.record(main)
+        self.stream.wait_event(forward_done)
+        with torch.cuda.stream(self.stream):
+            for flat, rows in pairs:
+                rows = rows.detach()
+                rows.record_stream(self.stream)  # made on main, read here: keep it till done
+                converted = rows.to(flat.dtype)  # on the side stream, allocated there
+                for row, slot, length in runs:
+                    flat[slot : slot + length].copy_(
+                        converted[row : row + length], non_blocking=True
+                    )
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        self._done = done
+
+    def wait(self) -> None:
+        if self._done is not None:
+            self._done.synchronize()
+            self._done = None
 
 
 class OutputCache:
@@ -30,12 +103,30 @@ class OutputCache:
         block_size: int,
         dtype: torch.dtype,
         keep: frozenset[str] | None = None,
+        *,
+        device: torch.device | str | None = None,
+        source_device: torch.device | str | None = None,
+        async_copies: bool | None = None,
     ) -> None:
-        """keep: the only output names cached (None: every per-token output discovered)."""
+        """keep: the only output names cached (None: every per-token output discovered).
+        device: where the cache lives (None: the CPU); source_device: where the forward's rows
+        are (None: device). async_copies: write run by run through side-stream copies; None
+        means exactly when a GPU forward feeds a host cache."""
         self.keep = keep
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
+        self.device = torch.device(device) if device is not None else CPU
+        self.source_device = (
+            torch.device(source_device) if source_device is not None else self.device
+        )
+        if async_copies is None:
+            async_copies = self.device.type == "cpu" and self.source_device.type == "cuda"
+        if async_copies and self.device.type != "cpu":
+            raise ValueError(f"async_copies writes a host cache, not one on {self.device}")
+        # Page-locked, so that device-to-host copies run asynchronously (needs CUDA).
+        self.pinned = async_copies and torch.cuda.is_available()
+        self._copies = _AsyncCopies(self.source_device) if async_copies else None
         self.caches: dict[str, torch.Tensor] = {}  # name -> (num_blocks, block_size, D)
         self._flat: dict[str, torch.Tensor] = {}  # name -> (num_blocks * block_size, D) view
         self.valid_version: dict[str, np.ndarray] = {}
@@ -54,16 +145,20 @@ class OutputCache:
         self, name: str, feature_shape: tuple[int, ...], dtype: torch.dtype | None = None
     ) -> None:
         shape = (self.num_blocks, self.block_size, *feature_shape)
-        cache = torch.zeros(shape, dtype=dtype or self.dtype)
+        cache = torch.zeros(
+            shape, dtype=dtype or self.dtype, device=self.device, pin_memory=self.pinned
+        )
         self.caches[name] = cache
         self._flat[name] = cache.view(self.num_blocks * self.block_size, *feature_shape)
         self.valid_version[name] = np.full(self.num_blocks, -1, dtype=np.int64)
         self.discovered_step[name] = self.step
         logger.info(
-            "output cache %r: shape %s %s, %d bytes",
+            "output cache %r: shape %s %s on %s%s, %d bytes",
             name,
             tuple(shape),
             cache.dtype,
+            self.device,
+            " (pinned)" if self.pinned else "",
             self.num_bytes_of(name),
         )
 
@@ -104,14 +199,40 @@ class OutputCache:
         return sum(self.num_bytes_of(name) for name in self.caches)
 
     # ---- writes -------------------------------------------------------------------------------
-    def write(self, slot_mapping: torch.Tensor, outputs: dict[str, torch.Tensor]) -> None:
-        """One indexed copy per cached output: row i of each output goes to slot_mapping[i]."""
-        starts = slot_mapping[slot_mapping % self.block_size == 0] // self.block_size
+    def write(
+        self,
+        slot_mapping: torch.Tensor,
+        outputs: dict[str, torch.Tensor],
+        *,
+        device_slot_mapping: torch.Tensor | None = None,
+    ) -> None:
+        """Row i of each cached output goes to slot slot_mapping[i] (a CPU tensor):
+        one indexed copy per output on the cache's device (device_slot_mapping: the same slots
+        already there, if the caller has them), or, for a host cache fed by a GPU, asynchronous
+        copies run by run (see the module docstring)."""
+        slots = slot_mapping.cpu()
+        starts = slots[slots % self.block_size == 0] // self.block_size
         self.first_write_step[starts.numpy()] = self.step
-        for name, flat in self._flat.items():
-            rows = outputs.get(name)
-            if rows is not None:
-                flat[slot_mapping] = rows.detach().to(flat.dtype)
+        pairs = [(flat, outputs[name]) for name, flat in self._flat.items() if name in outputs]
+        if not pairs:
+            return
+        if self._copies is not None:
+            self._copies.copy_rows(slot_runs(slots.numpy()), pairs)
+            return
+        if self.device.type == "cpu":
+            for flat, rows in pairs:
+                flat[slots] = rows.detach().to(device=self.device, dtype=flat.dtype)
+            return
+        index = device_slot_mapping  # a GPU cache: written in the forward's stream, no sync
+        if index is None or index.device != self.device:
+            index = slots.to(self.device, non_blocking=True)
+        for flat, rows in pairs:
+            flat.index_copy_(0, index, rows.detach().to(device=self.device, dtype=flat.dtype))
+
+    def synchronize(self) -> None:
+        """Wait until every row written so far is in the cache (asynchronous copies landed)."""
+        if self._copies is not None:
+            self._copies.wait()
 
     def mark_complete(self, block_ids: list[int], versions: list[int]) -> None:
         """These blocks' rows are all written for the given pool versions of their content, for
@@ -147,8 +268,9 @@ class OutputCache:
         its prefix (hits were checked before the name existed): it is left out and counted.
         """
         self.hit_rows += num_hit_rows
+        self.synchronize()
         # Whole blocks are gathered (block_size rows per index) and the tail trimmed.
-        block_index = torch.tensor(block_ids, dtype=torch.long)
+        block_index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         gathered = {}
         for name, cache in self.caches.items():
             if self.discovered_step[name] >= admitted_step:
@@ -156,16 +278,18 @@ class OutputCache:
                 logger.warning("output %r was discovered after the request started: left out", name)
                 continue
             rows = cache.view(self.num_blocks, -1).index_select(0, block_index)
-            gathered[name] = rows.view(-1, *cache.shape[2:])[:num_rows]
+            gathered[name] = rows.view(-1, *cache.shape[2:])[:num_rows].cpu()
         return gathered
 
     def rows(self, block_ids: list[int], start: int, end: int) -> dict[str, torch.Tensor]:
         """Rows [start, end) of a request (its block table) for every cached output: a
         streaming consumer's next rows, written by forwards that have completed."""
-        slots = torch.arange(start, end)
-        table = torch.tensor(block_ids, dtype=torch.long)
-        slots = table[slots // self.block_size] * self.block_size + slots % self.block_size
-        return {name: flat.index_select(0, slots) for name, flat in self._flat.items()}
+        self.synchronize()
+        positions = np.arange(start, end)
+        table = np.asarray(block_ids, dtype=np.int64)
+        slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
+        index = torch.from_numpy(slots).to(self.device)
+        return {name: flat.index_select(0, index).cpu() for name, flat in self._flat.items()}
 
     def stats(self) -> dict[str, int]:
         return {

@@ -22,13 +22,31 @@ from omni.runtime.attention import AttentionMetadata
 
 @dataclass
 class ModelInputs:
-    """One step's packed batch: all fed tokens of all scheduled requests in a single row."""
+    """One step's packed batch: all fed tokens of all scheduled requests in a single row.
+
+    Tensors are on the stage's device (`device`); request_extras hold what the stage received
+    (CPU tensors from upstream stages), which an adapter moves to `device` where it uses them.
+    Host-side facts (where each request's rows start, which positions it feeds) come from
+    `scheduled` (see query_starts), so that adapters need no device-to-host read."""
 
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64, absolute position of each fed token
     attn: AttentionMetadata
     scheduled: list[ScheduledRequest]  # in packing order; attn.query_start_loc delimits them
     request_extras: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # stage inputs
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    @property
+    def query_starts(self) -> list[int]:
+        """attn.query_start_loc on the host: request i owns rows [starts[i], starts[i + 1]) and
+        feeds positions num_computed_tokens + [0, len(token_ids))."""
+        starts = [0]
+        for entry in self.scheduled:
+            starts.append(starts[-1] + len(entry.token_ids))
+        return starts
 
 
 @dataclass
@@ -61,7 +79,8 @@ class StageModelBase:
 
 class StageModel(Protocol):
     """What an ar stage adapter provides (kind "ar": StageEngine and ModelRunner). Adapters load
-    HF checkpoints with our paged attention."""
+    HF checkpoints with our paged attention, in `dtype`, on the device they are given
+    (`cls(model_dir, dtype=..., device=...)`, default the CPU)."""
 
     num_layers: int
     num_kv_heads: int
@@ -95,7 +114,8 @@ class GenerationModel(Protocol):
     """Samples per second of the waveforms `generate` returns."""
 
     def generate(self, stage_input: StageInput, seed: int) -> torch.Tensor:
-        """The 1-D float32 waveform of one request; `seed` seeds any noise it draws."""
+        """The 1-D float32 waveform of one request, a CPU tensor whatever device the model runs
+        on; `seed` seeds any noise it draws."""
         ...
 
     def check_inputs(self, stage_input: StageInput) -> None: ...
@@ -133,6 +153,7 @@ class ChunkedGenerationModel(GenerationModel, Protocol):
         ...
 
     def decode_chunks(self, jobs: list[ChunkJob]) -> list[torch.Tensor]:
-        """The 1-D float32 waveform of each job's chunk, batched in one call: each has
-        (end - start) * samples-per-token samples, so a request's chunks join to its length."""
+        """The 1-D float32 waveform (a CPU tensor) of each job's chunk, batched in one call:
+        each has (end - start) * samples-per-token samples, so a request's chunks join to its
+        length."""
         ...

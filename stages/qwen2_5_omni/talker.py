@@ -40,13 +40,21 @@ def speaker_key(name: str) -> int:
 
 @register_adapter("qwen2_5_omni_talker", produces_text=False, model_types=("qwen2_5_omni",))
 class OmniTalkerAdapter(StageModelBase):
-    def __init__(self, model_dir: str, *, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         register_paged_attention()
         hf_logging.disable_progress_bar()
+        self.device = torch.device(device)
         config = Qwen2_5OmniConfig.from_pretrained(model_dir).talker_config
         config._attn_implementation = ATTENTION_NAME
-        self.talker = Qwen2_5OmniTalkerForConditionalGeneration(config).to(dtype).eval()
-        load_part(self.talker, model_dir, "talker.")
+        talker = Qwen2_5OmniTalkerForConditionalGeneration(config)
+        self.talker = talker.to(device=self.device, dtype=dtype).eval()
+        load_part(self.talker, model_dir, "talker.")  # copies each tensor onto the device
         self.dtype = dtype
         self.num_layers = config.num_hidden_layers
         self.num_kv_heads = config.num_key_value_heads
@@ -63,6 +71,8 @@ class OmniTalkerAdapter(StageModelBase):
         named = {"tts_eos": config.tts_text_end_token_id, "tts_pad": config.tts_text_pad_token_id}
         named.update({f"spk:{n}": i for n, i in self.speakers.items()})
         rows = load_rows(model_dir, "thinker.model.embed_tokens.weight", list(named.values()))
+        # On the host: a request's inputs are assembled there (talker_inputs.build_state), once,
+        # then moved to the device as a whole.
         self.thinker_rows = {k: rows[i].to(dtype) for k, i in named.items()}
         self._states: dict[str, TalkerRequestState] = {}
         self._sample_ids: list[str | None] = []
@@ -76,7 +86,7 @@ class OmniTalkerAdapter(StageModelBase):
         # Built here, not in forward(): an input it trips over is then rejected alone instead of
         # failing every talker request of the step.
         state = build_state(stage_input.extras, self.talker, self.thinker_rows, self.speakers)
-        self._states[stage_input.request_id] = state
+        self._states[stage_input.request_id] = state.to(self.device, self.dtype)
 
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -98,7 +108,8 @@ class OmniTalkerAdapter(StageModelBase):
         if not extras:
             return None  # warm-up or a bare codec prompt: codec embeddings at plain positions
         if rid not in self._states:
-            self._states[rid] = build_state(extras, self.talker, self.thinker_rows, self.speakers)
+            state = build_state(extras, self.talker, self.thinker_rows, self.speakers)
+            self._states[rid] = state.to(self.device, self.dtype)
         return self._states[rid]
 
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
@@ -117,10 +128,13 @@ class OmniTalkerAdapter(StageModelBase):
                 embeds.append(embed_codec(ids))
                 positions.append(t.unsqueeze(0).expand(3, -1))
                 continue
-            embeds.append(self._embeds(state, ids, t, embed_codec))
-            positions.append(state.positions(t))
-            decode = t >= state.prompt_len
-            state.history.update(ids[decode].tolist())
+            # The entry feeds positions first .. first + n - 1: which of them are decode steps
+            # (and their codec ids) is known on the host, without reading the device tensors.
+            first = entry.num_computed_tokens
+            num_prompt = min(max(state.prompt_len - first, 0), n)  # fed prompt positions
+            embeds.append(self._embeds(state, ids, t, first, num_prompt, embed_codec))
+            positions.append(state.positions(t, first=first))
+            state.history.update(entry.token_ids[num_prompt:])
         self._sample_ids = [rid for rid in self._sample_ids if rid is not None]
         hidden_in = self.talker.thinker_to_talker_proj(torch.cat(embeds))
         out = self.talker.model(
@@ -131,18 +145,21 @@ class OmniTalkerAdapter(StageModelBase):
         )
         return ModelOutputs(hidden_states=out.last_hidden_state[0])
 
-    def _embeds(self, state: TalkerRequestState, ids, t, embed_codec) -> torch.Tensor:
+    def _embeds(
+        self, state: TalkerRequestState, ids, t, first: int, num_prompt: int, embed_codec
+    ) -> torch.Tensor:
+        """Input embeddings of positions t = first, first + 1, ... (ids: the fed codec ids);
+        the first num_prompt of them are prompt positions, the rest decode steps."""
         text = state.text[t.clamp(max=state.text.shape[0] - 1)]
         codec = torch.zeros_like(text)
-        decode = t >= state.prompt_len
-        if decode.any():
-            codec[decode] = embed_codec(ids[decode])
+        if num_prompt < len(t):
+            codec[num_prompt:] = embed_codec(ids[num_prompt:])
         if state.codec_prefix is not None:
-            first = state.prompt_len - 2  # P: codec pad, P + 1: codec bos
-            for where, codec_id in enumerate(state.codec_prefix, start=first):
-                hit = t == where
-                if hit.any():
-                    codec[hit] = embed_codec(torch.tensor([codec_id]))
+            prefix_start = state.prompt_len - 2  # P: codec pad, P + 1: codec bos
+            for where, codec_id in enumerate(state.codec_prefix, start=prefix_start):
+                if first <= where < first + len(t):
+                    codec_ids = torch.tensor([codec_id], device=text.device)
+                    codec[where - first] = embed_codec(codec_ids)[0]
         return text + codec
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -154,7 +171,7 @@ class OmniTalkerAdapter(StageModelBase):
             state = self._states.get(rid)
             if state is None or state.repetition_penalty == 1.0 or not state.history:
                 continue
-            seen = torch.tensor(sorted(state.history))
+            seen = torch.tensor(sorted(state.history), device=logits.device)
             score = logits[row, seen]
             p = state.repetition_penalty
             logits[row, seen] = torch.where(score < 0, score * p, score / p)

@@ -63,6 +63,17 @@ class TalkerRequestState:
         """Positions whose inputs are known: all once the thinker has finished."""
         return None if self.finished else self.text.shape[0]
 
+    def to(self, device: torch.device, dtype: torch.dtype | None = None) -> TalkerRequestState:
+        """This state with its tensors on `device` (text rows in `dtype`, if given): built on the
+        host from the CPU tensors the stage received, then moved once to the talker's device."""
+        text_dtype = dtype or self.text.dtype
+        self.text = self.text.to(device, text_dtype)
+        if self.mrope is not None:
+            self.mrope = self.mrope.to(device)
+        if self.tail is not None:
+            self.tail = (self.tail[0].to(device), self.tail[1].to(device))
+        return self
+
     def extend(
         self, hidden: torch.Tensor | None, embeds: torch.Tensor | None, finished: bool
     ) -> None:
@@ -70,21 +81,29 @@ class TalkerRequestState:
         if self.finished:
             raise ValueError("the talker's thinker input is already complete")
         rows = [self.text]
+        device, dtype = self.text.device, self.text.dtype
         if hidden is not None and embeds is not None and hidden.shape[0]:
-            rows.append((hidden + embeds).to(self.text.dtype))
+            # As build_state: summed in the thinker's dtype, then on to the talker's.
+            rows.append((hidden + embeds).to(device, dtype))
         if finished:
             assert self.tail is not None
-            rows.append(torch.stack([r.to(self.text.dtype) for r in self.tail]))
+            rows.append(torch.stack([r.to(device, dtype) for r in self.tail]))
             self.finished, self.tail = True, None
         self.text = torch.cat(rows)
 
-    def positions(self, t: torch.Tensor) -> torch.Tensor:
-        """[3, len(t)] positions of talker positions t."""
+    def positions(self, t: torch.Tensor, first: int | None = None) -> torch.Tensor:
+        """[3, len(t)] positions of talker positions t. first: t is first, first + 1, ...
+        (then no device tensor is read on the host)."""
         if self.mrope is None:
             return t.unsqueeze(0).expand(3, -1)
         out = (t + self.rope_delta).unsqueeze(0).expand(3, -1).clone()
-        prompt = t < self.prompt_len
-        out[:, prompt] = self.mrope[:, t[prompt]]
+        if first is None:
+            prompt = t < self.prompt_len
+            out[:, prompt] = self.mrope[:, t[prompt]]
+            return out
+        num_prompt = min(max(self.prompt_len - first, 0), len(t))
+        if num_prompt:
+            out[:, :num_prompt] = self.mrope[:, first : first + num_prompt]
         return out
 
 

@@ -26,6 +26,7 @@ from omni.core.request import MultiModalInput
 from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
+from stages.causal_lm import load_kwargs
 from stages.qwen2_5_omni.encoder_cache import EncoderCache
 
 
@@ -65,6 +66,7 @@ class OmniThinkerAdapter(StageModelBase):
         model_dir: str,
         *,
         dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
         encoder_cache_bytes: int = 256 << 20,
         encoder_cache_entries: int = 4096,
     ) -> None:
@@ -75,6 +77,7 @@ class OmniThinkerAdapter(StageModelBase):
 
         register_paged_attention()
         hf_logging.disable_progress_bar()
+        self.device = torch.device(device)
         with open(os.path.join(model_dir, "config.json")) as f:
             raw = json.load(f)
         # A full Qwen2.5-Omni directory stores the thinker under "thinker."; a thinker-only
@@ -86,11 +89,11 @@ class OmniThinkerAdapter(StageModelBase):
         attn = {"text_config": ATTENTION_NAME, "vision_config": "sdpa", "audio_config": "sdpa"}
         model, info = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
             model_dir, config=config, dtype=dtype, attn_implementation=attn,
-            output_loading_info=True, **kwargs,
+            output_loading_info=True, **kwargs, **load_kwargs(self.device),
         )  # fmt: skip
         if info["missing_keys"]:
             raise RuntimeError(f"thinker weights missing from {model_dir}: {info['missing_keys']}")
-        self.model = model.eval()
+        self.model = model.to(self.device).eval()
         self.text_model = self.model.model.language_model
         text = self.model.config.text_config
         self.dtype = dtype
@@ -113,7 +116,7 @@ class OmniThinkerAdapter(StageModelBase):
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
         embeds = self.text_model.embed_tokens(inputs.input_ids)  # [T, D], a fresh tensor
         positions = inputs.positions.unsqueeze(0).repeat(3, 1)  # text-only: p on every row
-        starts = inputs.attn.query_start_loc.tolist()
+        starts = inputs.query_starts
         for row, entry in enumerate(inputs.scheduled):
             state = self._state(entry, inputs.request_extras.get(entry.request_id) or {})
             if state is None:
@@ -164,14 +167,16 @@ class OmniThinkerAdapter(StageModelBase):
             self._mrope.pop(entry.request_id, None)
             if entry.mm_inputs:
                 items = _find_items(entry.mm_inputs, extras)
-                positions, delta = self.mrope_positions(items, extras)
+                positions, delta = self.mrope_positions(items, extras)  # built on the host
+                positions = positions.to(self.device)
                 self._mrope[entry.request_id] = _MropeState(items, positions, delta)
         return self._mrope.get(entry.request_id)
 
     @staticmethod
     def _positions(state: _MropeState, first: int, last: int) -> torch.Tensor:
         start = min(max(first, state.positions.shape[1]), last)  # first position past the table
-        tail = torch.arange(start, last).add_(state.delta).expand(3, -1)
+        tail = torch.arange(start, last, device=state.positions.device)
+        tail = tail.add_(state.delta).expand(3, -1)
         return torch.cat([state.positions[:, first:last], tail], dim=1)
 
     def mrope_positions(self, items: list[_Item], extras: dict) -> tuple[torch.Tensor, int]:
@@ -219,17 +224,22 @@ class OmniThinkerAdapter(StageModelBase):
         if cached is not None:
             return cached
         inner = self.model.model
+        device = self.device
         if item.modality == "image":
             # Copies: arrays that came through Ray are read-only, which torch warns about.
             pixels = torch.tensor(np.asarray(extras["pixel_values"][item.index]))
-            pixels = pixels.to(inner.visual.dtype)
+            pixels = pixels.to(device, inner.visual.dtype)
             grid = torch.tensor(np.asarray(extras["image_grid_thw"][item.index])).view(1, 3)
-            features = inner.get_image_features(pixels, grid, return_dict=True).pooler_output[0]
+            features = inner.get_image_features(
+                pixels, grid.to(device), return_dict=True
+            ).pooler_output[0]
         else:
             feats = torch.tensor(np.asarray(extras["input_features"][item.index])).unsqueeze(0)
             mask = torch.tensor(np.asarray(extras["feature_attention_mask"][item.index]))
             features = inner.get_audio_features(
-                feats.to(inner.audio_tower.dtype), mask.view(1, -1).long(), return_dict=True
+                feats.to(device, inner.audio_tower.dtype),
+                mask.view(1, -1).long().to(device),
+                return_dict=True,
             ).last_hidden_state
         self.encoder_runs[item.modality] += 1
         if features.shape[0] != item.mm.length:

@@ -13,6 +13,13 @@ the global RNG before token2wav, so torch.manual_seed(seed) before generate(...)
 Each request is decoded on its own, as generate does, because the noise shape follows the
 request's code length: batching would change the draws.
 
+On a GPU the model runs there (still float32) and the DiT draws its noise from that GPU's
+generator (seeded and forked the same way), as transformers does on that GPU; waveforms come
+back as CPU tensors. The chunked path's noise is drawn on the CPU (request_noise: only the CPU
+generator gives the same values for every prefix of a request), so on a GPU streamed chunks use
+other noise than a whole-sequence decode of the same seed: equally valid speech, not the same
+samples (docs/gpu.md).
+
 Streaming: `decode_chunks` decodes chunks of requests whose codes are still arriving, several
 in one batch, each from a bounded window of codes around it (stages/qwen2_5_omni/
 token2wav_chunks.py has the math; `chunk_defaults` the context it needs). Its noise is the whole
@@ -61,18 +68,26 @@ ODE_DEFAULTS = {"num_steps": 10, "guidance_scale": 0.5, "sway_coefficient": -1.0
 class OmniToken2WavAdapter(StageModelBase):
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, model_dir: str, *, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         del dtype  # token2wav always runs in float32 (as transformers forces it)
         hf_logging.disable_progress_bar()
+        self.device = torch.device(device)
         config = Qwen2_5OmniConfig.from_pretrained(model_dir).token2wav_config
         config._attn_implementation = "sdpa"
-        self.model = Qwen2_5OmniToken2WavModel(config).float().eval()
-        load_part(self.model, model_dir, "token2wav.")
+        model = Qwen2_5OmniToken2WavModel(config).float()
+        self.model = model.to(self.device).eval()
+        load_part(self.model, model_dir, "token2wav.")  # copies each tensor onto the device
         dit = config.dit_config
         self.num_embeds = dit.num_embeds
         self.max_codes = dit.max_position_embeddings // dit.repeats
         self.speakers = {
-            name: (v["cond"].float(), v["ref_mel"].float())
+            name: (v["cond"].float().to(self.device), v["ref_mel"].float().to(self.device))
             for name, v in load_speakers(model_dir).items()
         }
         self.dit = self.model.code2wav_dit_model
@@ -111,11 +126,15 @@ class OmniToken2WavAdapter(StageModelBase):
         extras = stage_input.extras
         cond, ref_mel = self.speakers[extras.get("speaker", DEFAULT_SPEAKER)]
         ode = {k: extras.get(k, v) for k, v in ODE_DEFAULTS.items()}
-        codes = torch.tensor([stage_input.prompt_token_ids], dtype=torch.long)
-        with torch.random.fork_rng(devices=[]):
+        codes = torch.tensor([stage_input.prompt_token_ids], dtype=torch.long, device=self.device)
+        # The noise is drawn on the model's device: fork (and restore) that device's generator.
+        on_gpu = self.device.type == "cuda"
+        with torch.random.fork_rng(
+            devices=[self.device] if on_gpu else [], device_type="cuda" if on_gpu else None
+        ):
             torch.manual_seed(seed)
             wav = self.model(codes, conditioning=cond, reference_mel=ref_mel, **ode)
-        return wav.reshape(-1).float()
+        return wav.reshape(-1).float().cpu()
 
     def chunk_defaults(self) -> tuple[int, int]:
         """(left_context, look_ahead) in codes: see token2wav_chunks.default_context."""
@@ -143,8 +162,10 @@ class OmniToken2WavAdapter(StageModelBase):
         for wav, window in zip(vocode(self.bigvgan, mels), windows, strict=True):
             first = (window.emit_first_frame - window.first_frame) * self.hop
             num_samples = (window.emit_end_frame - window.emit_first_frame) * self.hop
-            # A copy: a view would keep the whole batch's waveforms alive with the chunk.
-            chunks.append(wav[first : first + num_samples].clone())
+            chunk = wav[first : first + num_samples]
+            # A copy (to the host, or a clone there): a view would keep the whole batch's
+            # waveforms alive with the chunk.
+            chunks.append(chunk.cpu() if chunk.device.type != "cpu" else chunk.clone())
         return chunks
 
     def _dit_window(self, job: ChunkJob, window: Window) -> DitWindow:
@@ -153,11 +174,11 @@ class OmniToken2WavAdapter(StageModelBase):
         skip = window.first_frame - first_code * self.repeats  # block_size % repeats may be odd
         num_frames = window.end_frame - window.first_frame
         frame_codes = codes.repeat_interleave(self.repeats)[skip : skip + num_frames]
-        noise = request_noise(job.seed, window.end_frame, self.dit.mel_dim)
+        noise = request_noise(job.seed, window.end_frame, self.dit.mel_dim)  # on the host
         return DitWindow(
-            frame_codes=frame_codes,
+            frame_codes=frame_codes.to(self.device),
             first_frame=window.first_frame,
-            noise=noise[window.first_frame :],
+            noise=noise[window.first_frame :].to(self.device),
             speaker=self._speaker(job.extras.get("speaker", DEFAULT_SPEAKER)),
             guidance_scale=float(job.extras.get("guidance_scale", ODE_DEFAULTS["guidance_scale"])),
         )

@@ -116,21 +116,25 @@ def solve_mels(
     evaluation. The forward is the DiT's own modules in its order, with the speaker encoder
     hoisted out, absolute positions and a padding-aware block_diff."""
     num_jobs = len(windows)
+    device = windows[0].noise.device  # the DiT's: every window's tensors are there
     lengths = [w.frame_codes.numel() for w in windows]
     num_frames = max(lengths)
-    initial = torch.zeros(num_jobs, num_frames, dit.mel_dim)
-    codes = torch.zeros(num_jobs, num_frames, dtype=torch.long)
+    initial = torch.zeros(num_jobs, num_frames, dit.mel_dim, device=device)
+    codes = torch.zeros(num_jobs, num_frames, dtype=torch.long, device=device)
     for row, (window, length) in enumerate(zip(windows, lengths, strict=True)):
         initial[row, :length] = window.noise
         codes[row, :length] = window.frame_codes
     static = torch.cat([_conditioning(dit, windows, codes, conditioned) for conditioned in (1, 0)])
-    offsets = torch.tensor([w.first_frame for w in windows])
-    positions = (offsets[:, None] + torch.arange(num_frames)).repeat(2, 1)  # CFG: rows twice
+    offsets = torch.tensor([w.first_frame for w in windows], device=device)
+    frames = torch.arange(num_frames, device=device)
+    positions = (offsets[:, None] + frames).repeat(2, 1)  # CFG: rows twice
     position_embeddings = dit.rotary_embed(initial, positions)
-    block_diff = _block_diff(lengths, num_frames, dit.block_size, dit.num_attention_heads)
+    block_diff = _block_diff(
+        lengths, num_frames, dit.block_size, dit.num_attention_heads, device=device
+    )
     # transformers skips CFG below GUIDANCE_OFF: a zero scale keeps exactly the guided output.
     scale = [w.guidance_scale if w.guidance_scale >= GUIDANCE_OFF else 0.0 for w in windows]
-    guidance = torch.tensor(scale).view(num_jobs, 1, 1)
+    guidance = torch.tensor(scale, device=device).view(num_jobs, 1, 1)
 
     def velocity(time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         time_embedding = dit.time_embed(time_step.repeat(2 * num_jobs))
@@ -146,7 +150,7 @@ def solve_mels(
         guided, null = torch.chunk(output, 2, dim=0)
         return guided + (guided - null) * guidance
 
-    times = torch.linspace(0, 1, num_steps, dtype=initial.dtype)
+    times = torch.linspace(0, 1, num_steps, dtype=initial.dtype, device=device)
     if sway_coefficient is not None:
         times += sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
     final = RungeKutta4ODESolver(function=velocity, initial_value=initial).integrate(times)[-1]
@@ -172,18 +176,23 @@ def _conditioning(
 
 
 def _block_diff(
-    lengths: list[int], num_frames: int, block_size: int, num_heads: int
+    lengths: list[int],
+    num_frames: int,
+    block_size: int,
+    num_heads: int,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """[2 * jobs, heads, T, T] key block - query block, as the DiT's _create_block_diff, with
     real <-> padding pairs OUTSIDE every layer's reach and padding <-> padding in one block
-    (a padding row needs something to attend to, or SDPA returns NaN rows)."""
+    (a padding row needs something to attend to, or SDPA returns NaN rows). Built on the host,
+    moved to `device` before the (free) expansion over heads."""
     blocks = torch.arange(num_frames) // block_size
     diff = (blocks[None, :] - blocks[:, None]).repeat(len(lengths), 1, 1)
     for row, length in enumerate(lengths):
         diff[row, :length, length:] = OUTSIDE
         diff[row, length:, :length] = OUTSIDE
         diff[row, length:, length:] = 0
-    diff = torch.cat([diff, diff])
+    diff = torch.cat([diff, diff]).to(device)
     return diff[:, None].expand(-1, num_heads, -1, -1)
 
 

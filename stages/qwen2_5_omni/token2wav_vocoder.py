@@ -1,6 +1,7 @@
 """BigVGAN (Qwen2_5OmniToken2WavBigVGANModel) on a padded batch of mels, and its reach.
 
-`vocode` runs the model's own modules in its forward's order on mels of different lengths.
+`vocode` runs the model's own modules in its forward's order on mels of different lengths, on
+the mels' device (lengths stay on the host).
 Every op that mixes neighbouring samples is fed, past each job's end, what the unbatched call
 sees there: zeros before a convolution or a transposed convolution (their zero padding) and the
 job's last sample before an anti-aliased activation's resamplers (their replicate padding).
@@ -19,8 +20,8 @@ from torch import nn
 
 def vocode(bigvgan: nn.Module, mels: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each mel [mel_dim, num_frames] -> its 1-D waveform of num_frames * hop samples."""
-    lengths = torch.tensor([mel.shape[1] for mel in mels])
-    batch = torch.zeros(len(mels), mels[0].shape[0], int(lengths.max()))
+    lengths = torch.tensor([mel.shape[1] for mel in mels])  # on the host: read there
+    batch = torch.zeros(len(mels), mels[0].shape[0], int(lengths.max()), device=mels[0].device)
     for row, mel in enumerate(mels):
         batch[row, :, : mel.shape[1]] = mel
     hidden = bigvgan.process_mel_spectrogram(batch)  # per sample
@@ -66,15 +67,19 @@ def _zero_tail(hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """[B, C, T] with zeros past each row's length."""
     if bool((lengths == hidden.shape[-1]).all()):
         return hidden
-    inside = torch.arange(hidden.shape[-1])[None, :] < lengths[:, None]
-    return torch.where(inside[:, None, :], hidden, torch.zeros((), dtype=hidden.dtype))
+    device = hidden.device
+    inside = torch.arange(hidden.shape[-1], device=device)[None, :] < lengths.to(device)[:, None]
+    zero = torch.zeros((), dtype=hidden.dtype, device=device)
+    return torch.where(inside[:, None, :], hidden, zero)
 
 
 def _replicate_tail(hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """[B, C, T] with each row's last sample repeated past its length."""
     if bool((lengths == hidden.shape[-1]).all()):
         return hidden
-    index = torch.minimum(torch.arange(hidden.shape[-1])[None, :], lengths[:, None] - 1)
+    device = hidden.device
+    last = (lengths - 1).to(device)
+    index = torch.minimum(torch.arange(hidden.shape[-1], device=device)[None, :], last[:, None])
     return hidden.gather(2, index[:, None, :].expand(-1, hidden.shape[1], -1))
 
 

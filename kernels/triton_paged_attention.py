@@ -1,0 +1,320 @@
+"""Paged attention as one Triton kernel: ragged prefill chunks (with or without a cached prefix)
+and decode in one launch, block ids read from the block table inside the kernel.
+
+Same layout and semantics as kernels/paged_attention.py (whose paged_attention_reference is the
+oracle): query [num_tokens, H, D] packed ragged, sequence i owns rows query_start_loc[i]:[i + 1],
+the LAST q_len_i positions of its context of seq_lens[i] tokens; K/V in caches
+[num_blocks, block_size, Hkv, D] at the blocks of block_tables[i]; query head h reads kv head
+h // (H // Hkv); causal within the context.
+
+Design:
+- One program per (query tile, kv head). A query tile is up to BLOCK_Q consecutive tokens of one
+  sequence times the whole GQA group of the kv head: its rows are (token, head-in-group) pairs,
+  so every key/value tile loaded is shared by the group (decode with group 8 has 8 useful rows).
+- The tiles of all sequences are numbered consecutively; tile_starts (a cumsum over
+  ceil(q_len / BLOCK_Q), computed with torch on the device) maps a program to its sequence by
+  binary search. The grid is an upper bound known from the shapes alone,
+  (num_tokens + num_seqs * (BLOCK_Q - 1)) // BLOCK_Q, so the launch needs no device-to-host sync;
+  programs past the last tile do nothing.
+- Keys are visited in tiles of BLOCK_N positions independent of the cache block size: each key
+  position j looks up block_tables[seq, j // block_size], so any block size works and the dot
+  shapes stay >= 16. Keys past the tile's last query position are never visited.
+- Flash-style online softmax in float32 (exp2 with the scale folded into log2 units); q @ k and
+  p @ v on tensor cores in the input dtype (float32 inputs use "ieee" precision, not tf32).
+- head_dim need not be a power of two: it is padded to the next one and masked.
+
+CPU tensors run under Triton's interpreter (tests only: slow, and bf16/fp16 dots are done in
+float32 there since the interpreter stores bfloat16 as raw uint16).
+"""
+
+import contextlib
+import types
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+    tl = types.SimpleNamespace(constexpr=None)  # for the kernel's annotations; never launched
+
+HAVE_TRITON = triton is not None
+
+ROWS_PREFILL = 64  # query rows (tokens x group heads) per program when some chunk is long
+ROWS_DECODE = 16  # rows per program when every sequence feeds one token (tl.dot needs >= 16)
+# Key positions per inner step: 64, or 32 where a K/V tile row exceeds 256 bytes (float32 with
+# head_dim 128, head_dim 256), which keeps K + V tiles at 64 KiB or less of shared memory.
+BLOCK_N = 64
+TILE_ROW_BYTES = 256
+
+
+def _attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    tile_starts_ptr,
+    num_seqs,
+    search_steps,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_bt,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+
+    # Sequence of this tile: the largest s with tile_starts[s] <= tile (sequences without query
+    # tokens have no tiles and are skipped since tile_starts is non-decreasing).
+    lo = tile * 0
+    hi = lo + num_seqs
+    for _ in range(search_steps):
+        mid = (lo + hi) // 2
+        right = tl.load(tile_starts_ptr + mid) <= tile
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid)
+    seq = lo
+    q_begin = tl.load(query_start_loc_ptr + seq).to(tl.int32)
+    q_len = tl.load(query_start_loc_ptr + seq + 1).to(tl.int32) - q_begin
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    tile_first = (tile - tl.load(tile_starts_ptr + seq)) * BLOCK_Q  # first query index in seq
+    # Keys this tile needs: up to its last query's position (none for programs past the end).
+    tile_last = tl.minimum(tile_first + BLOCK_Q, q_len)
+    kv_end = tl.where(tile_first < q_len, seq_len - q_len + tile_last, 0)
+
+    rows = tl.arange(0, BLOCK_Q * GROUP_PAD)
+    t = tile_first + rows // GROUP_PAD  # query index within the sequence
+    g = rows % GROUP_PAD
+    row_ok = (t < q_len) & (g < GROUP)
+    # Absolute position of each row's query; rows past q_len see every key (no empty softmax).
+    pos = seq_len - q_len + t
+    token = (q_begin + t).to(tl.int64)
+    head = kv_head * GROUP + g
+    d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = d < HEAD_DIM
+
+    q_off = token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :] * stride_qd
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if FP32_DOT:
+        q = q.to(tl.float32)
+
+    m_i = tl.full((BLOCK_Q * GROUP_PAD,), -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_Q * GROUP_PAD,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_Q * GROUP_PAD, HEAD_DIM_PAD), dtype=tl.float32)
+
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    kv_head_k = kv_head.to(tl.int64) * stride_kh
+    kv_head_v = kv_head.to(tl.int64) * stride_vh
+    cols = tl.arange(0, BLOCK_N)
+    for start in range(0, kv_end, BLOCK_N):
+        j = start + cols
+        j_ok = j < kv_end
+        block = tl.load(table + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
+        offset = (j % BLOCK_SIZE).to(tl.int64)
+        k_off = block * stride_kb + offset * stride_ks + kv_head_k
+        k = tl.load(
+            k_ptr + k_off[None, :] + d[:, None] * stride_kd,
+            mask=j_ok[None, :] & d_ok[:, None],
+            other=0.0,
+        )  # [HEAD_DIM_PAD, BLOCK_N]
+        v_off = block * stride_vb + offset * stride_vs + kv_head_v
+        v = tl.load(
+            v_ptr + v_off[:, None] + d[None, :] * stride_vd,
+            mask=j_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_N, HEAD_DIM_PAD]
+        if FP32_DOT:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
+        visible = (j[None, :] <= pos[:, None]) & j_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_new
+
+    acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    o_off = token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
+    tl.store(
+        out_ptr + o_off,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & d_ok[None, :],
+    )
+
+
+if HAVE_TRITON:
+    _kernel = triton.jit(_attention_kernel)
+
+
+@contextlib.contextmanager
+def _interpreted():
+    """Run Triton's interpreter on CPU tensors, as TRITON_INTERPRET=1 at import would have.
+
+    Without that variable, triton.jit compiled the kernel for the GPU and triton.language's own
+    jitted helpers (tl.zeros, tl.sum, tl.max, ...) refuse to be called from Python. For the
+    duration of one launch this interprets the kernel and routes those helpers through the
+    interpreter too. Tests and CPU experiments only: slow, not thread-safe.
+    """
+    from triton.runtime.interpreter import InterpretedFunction, _patch_lang
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(_kernel, JITFunction):  # TRITON_INTERPRET=1 was set: already interpreted
+        yield _kernel
+        return
+    rewritten: dict = {}
+
+    def call(self, *args, **kwargs):
+        function = rewritten.get(self.fn)
+        if function is None:
+            function = rewritten[self.fn] = InterpretedFunction(self.fn).rewrite()
+        # Like InterpretedFunction.__call__, but undoing its patches of triton.language: left in
+        # place they would break every later compilation in this process.
+        scope = _patch_lang(self.fn)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            scope.restore()
+
+    original = JITFunction.__call__
+    JITFunction.__call__ = call
+    try:
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = True
+            yield InterpretedFunction(_attention_kernel)
+    finally:
+        JITFunction.__call__ = original
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def triton_paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    block_q: int | None = None,
+    step_cache: dict | None = None,
+) -> torch.Tensor:
+    """Causal attention of the packed queries against their paged contexts; returns
+    [num_tokens, H, D] in the query dtype. No host sync. Index tensors may be int32 or int64 and
+    may live on the host: they are then copied to the query's device on every call (keep them
+    there once per step instead).
+
+    block_q: query tokens per program (tests); by default chosen from the GQA group so that a
+    program has ROWS_PREFILL rows, or ROWS_DECODE when the batch is pure decode.
+    step_cache: a dict shared by the calls of one step (every layer: same metadata) that keeps
+    the tile table derived from query_start_loc, so that only the first layer computes it.
+    """
+    if not HAVE_TRITON:
+        raise RuntimeError("triton_paged_attention needs the triton package")
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
+    if value_cache.shape != key_cache.shape or cache_head_dim != head_dim:
+        raise ValueError(
+            f"caches {tuple(key_cache.shape)}/{tuple(value_cache.shape)} do not match query "
+            f"{tuple(query.shape)}"
+        )
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} kv heads")
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape != (num_seqs + 1,) or block_tables.shape[0] != num_seqs:
+        raise ValueError(
+            f"{num_seqs} seq_lens need {num_seqs + 1} query_start_loc entries and {num_seqs} "
+            f"block_tables rows, got {tuple(query_start_loc.shape)} and "
+            f"{tuple(block_tables.shape)}"
+        )
+    if not (key_cache.dtype == value_cache.dtype == query.dtype):
+        raise ValueError(f"dtypes differ: query {query.dtype}, caches {key_cache.dtype}")
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    device = query.device
+    group = num_heads // num_kv_heads
+    group_pad = _next_pow2(group)
+    if block_q is None:
+        rows = ROWS_DECODE if num_tokens <= num_seqs else ROWS_PREFILL
+        block_q = max(1, rows // group_pad)
+    block_q = _next_pow2(block_q)
+    head_dim_pad = max(16, _next_pow2(head_dim))
+    block_n = BLOCK_N if head_dim_pad * query.element_size() <= TILE_ROW_BYTES else BLOCK_N // 2
+    starts = query_start_loc.to(device, non_blocking=True)
+    lens = seq_lens.to(device, non_blocking=True)
+    tables = block_tables.to(device, non_blocking=True)
+    # Per-sequence tile counts and their prefix sums, on the device (no sync).
+    tile_starts = None if step_cache is None else step_cache.get(("tile_starts", block_q))
+    if tile_starts is None:
+        tiles = (starts[1:] - starts[:-1] + block_q - 1) // block_q
+        tile_starts = torch.zeros(num_seqs + 1, dtype=torch.int32, device=device)
+        tile_starts[1:] = torch.cumsum(tiles, 0)
+        if step_cache is not None:
+            step_cache[("tile_starts", block_q)] = tile_starts
+    # Upper bound of sum(ceil(q_len / block_q)) from the shapes alone.
+    grid = ((num_tokens + num_seqs * (block_q - 1)) // block_q, num_kv_heads)
+    # The interpreter (CPU tensors, or TRITON_INTERPRET=1) cannot multiply bf16: it stores them
+    # as raw uint16. It then runs the dots in float32.
+    interpret = device.type == "cpu" or not isinstance(_kernel, triton.runtime.jit.JITFunction)
+    with _interpreted() if device.type == "cpu" else contextlib.nullcontext(_kernel) as kernel:
+        kernel[grid](
+            query,
+            key_cache,
+            value_cache,
+            out,
+            tables,
+            lens,
+            starts,
+            tile_starts,
+            num_seqs,
+            max(1, (num_seqs - 1).bit_length()),  # binary search steps over tile_starts
+            scale * 1.4426950408889634,  # log2(e): the kernel uses exp2
+            *query.stride(),
+            *out.stride(),
+            *key_cache.stride(),
+            *value_cache.stride(),
+            tables.stride(0),
+            BLOCK_SIZE=block_size,
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=head_dim_pad,
+            GROUP=group,
+            GROUP_PAD=group_pad,
+            BLOCK_Q=block_q,
+            BLOCK_N=block_n,
+            FP32_DOT=interpret,
+            PRECISION="ieee" if query.dtype == torch.float32 or interpret else "tf32",
+            num_warps=8 if head_dim_pad >= 256 else 4,
+        )
+    return out

@@ -1,0 +1,347 @@
+"""Stage devices on a machine without a GPU: explicit `device: cpu` changes nothing, `device: cuda`
+is refused naming the stage before any weights load, engines report device, dtype and memory,
+the GPU KV sizing arithmetic on injected numbers, and the output cache's run-by-run copy path
+(the one a GPU stage takes into pinned host memory) in its synchronous CPU form.
+
+The same paths on a real GPU are in tests/cuda/ (skipped without one)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import pytest
+import torch
+from helpers import make_engine, run_engine, shared_prefix_prompts, transformers_greedy
+
+from omni import Omni
+from omni.config import ConfigError, load_config
+from omni.core.sampling_params import SamplingParams
+from omni.engine import GenerationEngine, StageEngine, stage_engine
+from omni.engine.cache_sizing import (
+    check_gpu_num_blocks,
+    gpu_blocks_that_fit,
+    gpu_memory_utilization,
+    gpu_num_blocks,
+)
+from omni.engine.device import resolve_device, resolve_dtype
+from omni.messages import StageInput
+from omni.runtime.output_cache import OutputCache, slot_runs
+from stages.qwen2_5_omni.talker_inputs import TalkerRequestState
+
+GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def _stage(**engine: object):
+    """A stage config without a checkpoint behind it (for the pure functions)."""
+    return load_config(
+        {"stages": [{"name": "llm", "model": "m", "engine": engine}]}, check_models=False
+    ).stages[0]
+
+
+# ---- device resolution --------------------------------------------------------------------------
+
+
+def test_resolve_device_and_dtype(monkeypatch):
+    assert resolve_device(_stage(device="cpu")) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device(_stage()) == torch.device("cpu")  # auto without a GPU
+    assert resolve_dtype(_stage(), torch.device("cpu")) == torch.float32
+    with pytest.raises(ConfigError) as caught:
+        resolve_device(_stage(device="cuda"))
+    assert str(caught.value).startswith("stage 'llm': stages.llm.engine.device: is cuda, but")
+    # Where torch sees a GPU, auto and cuda both mean cuda:0 (Ray narrows what is visible).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device(_stage()) == torch.device("cuda", 0)
+    assert resolve_device(_stage(device="cuda")) == torch.device("cuda", 0)
+    assert resolve_device(_stage(device="cpu")) == torch.device("cpu")
+    gpu = torch.device("cuda", 0)
+    assert resolve_dtype(_stage(), gpu) == torch.bfloat16
+    assert resolve_dtype(_stage(dtype="float32"), gpu) == torch.float32
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_cuda_stage_without_cuda_is_refused_before_loading(qwen2_dir, omni_dir, monkeypatch):
+    def no_loading(name):
+        raise AssertionError(f"adapter {name!r} loaded although the device is refused")
+
+    monkeypatch.setattr(stage_engine, "get_adapter", no_loading)
+    config = load_config(
+        {"stages": [{"name": "gpu-llm", "model": qwen2_dir, "engine": {"device": "cuda"}}]}
+    )
+    with pytest.raises(ConfigError, match=r"stage 'gpu-llm': stages\.gpu-llm\.engine\.device"):
+        StageEngine(config.stages[0])
+    vocoder = {
+        "name": "voice",
+        "model": omni_dir,
+        "kind": "generation",
+        "adapter": "qwen2_5_omni_token2wav",
+        "engine": {"device": "cuda"},
+    }
+    with pytest.raises(ConfigError, match=r"stage 'voice': stages\.voice\.engine\.device"):
+        GenerationEngine(load_config({"stages": [vocoder]}).stages[0])
+
+
+# ---- CPU behaviour and stats ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_explicit_cpu_gives_identical_tokens_and_reports_it(qwen2_dir):
+    from transformers import AutoConfig
+
+    prompts = shared_prefix_prompts(AutoConfig.from_pretrained(qwen2_dir).vocab_size, 6, seed=5)
+    expected = transformers_greedy(qwen2_dir, prompts, GREEDY.max_tokens)
+    results = {}
+    for device in ("auto", "cpu"):
+        engine = make_engine(qwen2_dir, block_size=4, device=device)
+        results[device] = run_engine(engine, prompts, GREEDY)
+        assert [r.token_ids for r in results[device]] == expected, device
+        stats = engine.stats()
+        assert stats["device"] == "cpu" and stats["dtype"] == "float32"
+        assert stats["output_cache_device"] == "cpu"
+        kv = sum(t.numel() * t.element_size() for pair in engine.runner.kv_caches for t in pair)
+        assert stats["kv_cache_bytes"] == kv > 0
+        assert stats["memory_allocated_bytes"] == kv + stats["output_cache_bytes"]
+        assert all(t.device.type == "cpu" for pair in engine.runner.kv_caches for t in pair)
+    for auto, cpu in zip(results["auto"], results["cpu"], strict=True):
+        assert torch.equal(auto.tensors["hidden_states"], cpu.tensors["hidden_states"])
+
+
+@pytest.mark.slow
+def test_omni_stats_show_device_and_dtype_per_stage(omni_dir):
+    overrides = {f"stages.{s}.engine.device": "cpu" for s in ("thinker", "talker", "token2wav")}
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **overrides) as omni:
+        stats = omni.stats()
+    assert set(stats) == {"thinker", "talker", "token2wav"}
+    for name, stage in stats.items():
+        assert stage["device"] == "cpu" and stage["dtype"] == "float32", name
+        assert stage["memory_allocated_bytes"] >= 0, name
+    assert stats["thinker"]["memory_allocated_bytes"] > stats["thinker"]["kv_cache_bytes"] > 0
+    assert stats["token2wav"]["memory_allocated_bytes"] == 0  # no caches in a vocoder stage
+
+
+@pytest.mark.slow
+def test_bfloat16_stages_run_on_the_cpu(omni_dir):
+    """The GPU default dtype, here on the CPU: every adapter's dtype handling (upstream rows in
+    another dtype, the talker's per-request state) runs end to end."""
+    overrides = {f"stages.{s}.engine.dtype": "bfloat16" for s in ("thinker", "talker")}
+    params = [
+        SamplingParams(max_tokens=4, ignore_eos=True),
+        SamplingParams(max_tokens=12, ignore_eos=True),
+        SamplingParams(max_tokens=1, seed=0),
+    ]
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **overrides) as omni:
+        (out,) = omni.generate([{"prompt": "hello there"}], params, use_tqdm=False)
+        stats = omni.stats()
+    assert out.error is None, out.error
+    assert len(out.stages["talker"].token_ids) == 12 and out.final.audio.numel() > 0
+    assert out.stages["thinker"].tensors == {} or all(
+        t.dtype == torch.bfloat16 for t in out.stages["thinker"].tensors.values()
+    )
+    assert stats["thinker"]["dtype"] == stats["talker"]["dtype"] == "bfloat16"
+    assert stats["token2wav"]["dtype"] == "float32"
+
+
+# ---- GPU KV sizing with injected numbers ----------------------------------------------------
+
+
+def test_gpu_blocks_that_fit():
+    # 80 GiB, 90 % of it, 20 GiB of weights + activations, 2 MiB blocks.
+    fit = gpu_blocks_that_fit(
+        total_bytes=80 * GiB, peak_bytes=20 * GiB, utilization=0.9, block_bytes=2 * MiB
+    )
+    assert fit == (int(0.9 * 80 * GiB) - 20 * GiB) // (2 * MiB) == 26_624
+    assert (
+        gpu_blocks_that_fit(total_bytes=GiB, peak_bytes=2 * GiB, utilization=1.0, block_bytes=1)
+        == 0
+    )
+    with pytest.raises(ValueError):
+        gpu_blocks_that_fit(total_bytes=GiB, peak_bytes=0, utilization=1.0, block_bytes=0)
+
+
+def test_gpu_num_blocks_and_its_errors():
+    stage = _stage(block_size=16, max_num_batched_tokens=512, max_num_seqs=1024)
+    common = dict(total_bytes=40 * GiB, utilization=0.5, block_bytes=MiB, max_model_len=1024)
+    blocks = gpu_num_blocks(stage, peak_bytes=4 * GiB, **common)
+    assert blocks == (20 * GiB - 4 * GiB) // MiB == 16_384
+    # As on the CPU, no more than max_num_seqs sequences of max_model_len (64 blocks each).
+    capped = gpu_num_blocks(_stage(block_size=16), peak_bytes=4 * GiB, **common)
+    assert capped == 32 * 64
+    # Not one sequence of max_model_len (64 blocks) fits: refused with the bytes.
+    with pytest.raises(ConfigError) as caught:
+        gpu_num_blocks(stage, peak_bytes=20 * GiB - 10 * MiB, **common)
+    message = str(caught.value)
+    assert message.startswith("stage 'llm': stages.llm.engine.gpu_memory_utilization=0.5 of")
+    assert f"{40 * GiB:,} bytes" in message and f"{20 * GiB - 10 * MiB:,}" in message
+    assert "max_num_batched_tokens=512" in message and "needs 64" in message
+    # The output cache in host memory: kv_cache_memory of the host bounds the pool.
+    host = gpu_num_blocks(
+        stage, peak_bytes=4 * GiB, host_block_bytes=MiB // 4, host_available_bytes=8 * GiB, **common
+    )
+    assert host == int(0.1 * 8 * GiB) // (MiB // 4) == 3276
+    with pytest.raises(ConfigError, match="kv_cache_memory=0.1 of 268,435,456 bytes of host"):
+        gpu_num_blocks(
+            stage,
+            peak_bytes=4 * GiB,
+            host_block_bytes=MiB,
+            host_available_bytes=256 * MiB,
+            **common,
+        )
+
+
+def test_explicit_num_blocks_on_a_gpu_is_checked_against_free_memory():
+    stage = _stage(num_blocks=1000)
+    assert check_gpu_num_blocks(stage, num_blocks=1000, free_bytes=GiB, block_bytes=MiB) == 1000
+    with pytest.raises(ConfigError, match=r"num_blocks=1000 needs 1,048,576,000 bytes of GPU"):
+        check_gpu_num_blocks(stage, num_blocks=1000, free_bytes=GiB // 2, block_bytes=MiB)
+    with pytest.raises(ConfigError, match="bytes of host memory for the output cache"):
+        check_gpu_num_blocks(
+            stage,
+            num_blocks=1000,
+            free_bytes=GiB,
+            block_bytes=MiB,
+            host_block_bytes=MiB,
+            host_available_bytes=GiB // 2,
+        )
+
+
+def test_gpu_memory_utilization_defaults():
+    assert gpu_memory_utilization(_stage(gpu_memory_utilization=0.3)) == 0.3
+    assert gpu_memory_utilization(_stage()) == 0.9
+    half = load_config(
+        {"stages": [{"name": "a", "model": "m", "resources": {"num_gpus": 0.5}}]},
+        check_models=False,
+    ).stages[0]
+    assert gpu_memory_utilization(half) == 0.5
+
+
+@pytest.mark.slow
+def test_engine_gpu_sizing_wiring_with_injected_numbers(qwen2_dir, monkeypatch):
+    """StageEngine._gpu_num_blocks on the CPU with the CUDA measurements injected: the KV always
+    counts on the GPU, output rows only with output_cache_device cuda (else on the host)."""
+    engine = make_engine(qwen2_dir, block_size=16, max_model_len=256, max_num_seqs=64)
+    model = engine.model
+    kv = model.num_layers * 2 * model.num_kv_heads * model.head_dim * 4 * 16
+    rows = model.hidden_size * 4 * 16  # one output (hidden_states), float32
+    seen = {}
+
+    def profile(model_, *, block_size, num_tokens, num_sample_rows, device):
+        seen.update(block_size=block_size, num_tokens=num_tokens, rows=num_sample_rows)
+        return MiB, 10 * MiB  # (peak, total)
+
+    monkeypatch.setattr(stage_engine, "profile_peak_bytes", profile)
+    monkeypatch.setattr(stage_engine, "cuda_free_bytes", lambda device: GiB)
+    budget = int(0.5 * 10 * MiB) - MiB
+    counts = {}
+    for where, gpu_block in (("cuda", kv + rows), ("cpu", kv)):
+        engine.config = _replace_engine(
+            engine.config, gpu_memory_utilization=0.5, kv_cache_memory=1.0
+        )
+        counts[where] = engine._gpu_num_blocks(1, 4, torch.device(where))
+        assert counts[where] == budget // gpu_block, where
+    assert counts["cpu"] > counts["cuda"]  # output rows in host memory leave the GPU to the KV
+    assert seen == {"block_size": 16, "num_tokens": 256, "rows": 64}  # min(2048, max_model_len)
+    engine.config = _replace_engine(engine.config, num_blocks=10)
+    assert engine._gpu_num_blocks(1, 4, torch.device("cpu")) == 10
+
+
+def _replace_engine(config, **changes):
+    return dataclasses.replace(config, engine=dataclasses.replace(config.engine, **changes))
+
+
+# ---- the output cache's asynchronous write path, degenerate on the CPU ------------------------
+
+
+def test_slot_runs():
+    assert slot_runs(np.array([], dtype=np.int64)) == []
+    assert slot_runs(np.array([4, 5, 6, 12, 13, 2, 3, 9])) == [
+        (0, 4, 3),
+        (3, 12, 2),
+        (5, 2, 2),
+        (7, 9, 1),
+    ]
+
+
+def test_async_copy_path_writes_the_same_rows():
+    """Random steps over fragmented block tables: the run-by-run path (a GPU stage's, here
+    with synchronous CPU copies) leaves exactly the rows the indexed write does."""
+    rng = np.random.default_rng(0)
+    caches = {mode: OutputCache(16, 4, torch.float32, async_copies=mode) for mode in (False, True)}
+    for cache in caches.values():
+        cache.allocate("hidden_states", (3,))
+        cache.step = 1
+    assert caches[True]._copies is not None and not caches[True].pinned  # no CUDA: unpinned
+    for _ in range(20):
+        num = int(rng.integers(1, 30))
+        slots = torch.from_numpy(rng.choice(64, size=num, replace=False).astype(np.int64))
+        rows = {
+            "hidden_states": torch.randn(num, 3, dtype=torch.float64),  # converted on write
+            "extra": torch.randn(num, 2),
+        }
+        for cache in caches.values():
+            cache.discover(rows, num)
+            cache.write(slots, rows)
+    sync, copied = caches[False], caches[True]
+    assert set(copied.caches) == {"hidden_states", "extra"}
+    for name in sync.caches:
+        assert torch.equal(sync.caches[name], copied.caches[name]), name
+    table = [3, 0, 9, 7]
+    got = copied.gather(table, 14, admitted_step=2)
+    want = sync.gather(table, 14, admitted_step=2)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    assert got["hidden_states"].shape == (14, 3)
+    window = copied.rows(table, 5, 11)
+    assert all(torch.equal(window[k], sync.rows(table, 5, 11)[k]) for k in window)
+    # Results never alias the cache: a later write leaves them as they were.
+    before = got["hidden_states"].clone()
+    copied.write(torch.arange(64), {"hidden_states": torch.zeros(64, 3)})
+    assert torch.equal(got["hidden_states"], before)
+
+
+@pytest.mark.slow
+def test_engine_outputs_through_the_async_copy_path(qwen2_dir, monkeypatch):
+    from transformers import AutoConfig
+
+    prompts = shared_prefix_prompts(AutoConfig.from_pretrained(qwen2_dir).vocab_size, 6, seed=2)
+    tiny = {"block_size": 4, "num_blocks": 40, "max_model_len": 128}
+    reference = run_engine(make_engine(qwen2_dir, **tiny), prompts, GREEDY)
+    monkeypatch.setattr(
+        stage_engine, "OutputCache", functools.partial(OutputCache, async_copies=True)
+    )
+    engine = make_engine(qwen2_dir, **tiny)
+    assert engine.output_cache._copies is not None
+    for prefix in ("a", "b"):  # the second round is served from the caches
+        results = run_engine(engine, prompts, GREEDY, prefix=prefix)
+        for got, want in zip(results, reference, strict=True):
+            assert got.token_ids == want.token_ids
+            assert torch.equal(got.tensors["hidden_states"], want.tensors["hidden_states"])
+    stats = engine.stats()
+    assert stats["output_hit_rows"] > 0 and stats["preemptions"] > 0
+
+
+# ---- host-side facts the adapters use instead of reading device tensors ------------------------
+
+
+def test_talker_positions_from_the_host_equal_the_masked_lookup():
+    mrope = torch.arange(3 * 7).view(3, 7) * 10
+    state = TalkerRequestState(
+        text=torch.zeros(12, 2), prompt_len=7, codec_prefix=None, mrope=mrope, rope_delta=-3
+    )
+    for first in range(0, 11):
+        for n in range(1, 12 - first):
+            t = torch.arange(first, first + n)
+            assert torch.equal(state.positions(t, first=first), state.positions(t)), (first, n)
+
+
+def test_packed_inputs_query_starts(qwen2_dir):
+    engine = make_engine(qwen2_dir, block_size=4, num_blocks=32)
+    for i, prompt in enumerate(([5, 6, 7], [8, 9, 10, 11, 12], [13])):
+        engine.add_request(StageInput(f"r{i}", prompt, GREEDY))
+    output = engine.scheduler.schedule()
+    batch = engine.runner._pack(output.scheduled)
+    inputs = batch.model_inputs
+    assert inputs.query_starts == inputs.attn.query_start_loc.tolist() == [0, 3, 8, 9]
+    assert inputs.device == torch.device("cpu") and batch.slot_mapping.device.type == "cpu"
