@@ -3,13 +3,11 @@
 Such a stage has no KV cache, scheduler or sampler. A request added with its whole input
 (input_complete=True) is one call of its adapter's `generate(stage_input, seed) -> waveform`.
 A streaming request (input_complete=False: the upstream stage is still generating its codes,
-`extend_request` brings the rest) is decoded in chunks as its codes arrive: chunk k covers
-codes [b_k, b_{k+1}), b_0 = 0, b_1 = stream.first_chunk_size, later chunks stream.chunk_size
-long, and is ready once its codes and `look_ahead` more have come, or the input is complete
-(the last chunk takes what is left). `step()` runs up to `engine.max_num_seqs` work items, whole
-requests one by one and all ready chunks in ONE `decode_chunks` call, ranked by chunk index,
-then arrival (a request's first audio goes ahead of other requests' later chunks). A stage host
-drives it like an AR stage (the `Engine` contract in omni/engine/engine.py).
+`extend_request` brings the rest) is decoded in chunks as its codes arrive; which chunks are
+ready and which work a step takes is omni/engine/chunk_schedule.py. `step()` runs up to
+`engine.max_num_seqs` work items: whole requests one by one, and all ready chunks in ONE
+`decode_chunks` call. A stage host drives it like an AR stage (the `Engine` contract in
+omni/engine/engine.py).
 
 The adapter runs on the stage's device (omni/engine/device.py), always in float32 (a vocoder's
 numerics), and hands back CPU waveforms.
@@ -22,12 +20,12 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from omni.config import StageConfig
+from omni.engine.chunk_schedule import ChunkSchedule, Stream, Work
 from omni.engine.device import cuda_memory_stats, resolve_device
 from omni.engine.engine import run_until_done
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
@@ -35,36 +33,6 @@ from omni.registry import get_adapter
 from omni.runtime.stage_model import ChunkedGenerationModel, ChunkJob, GenerationModel
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Stream:
-    """A streaming request's state: its codes so far and the chunks it has emitted."""
-
-    stage_input: StageInput
-    arrival: float
-    order: int  # arrival order, shared with whole requests
-    seed: int
-    token_ids: list[int]
-    input_complete: bool = False
-    num_emitted_tokens: int = 0  # chunks cover [0, num_emitted_tokens)
-    chunks: list[torch.Tensor] = field(default_factory=list)
-    first_audio_s: float | None = None
-
-    @property
-    def done(self) -> bool:
-        """All of its (complete) input has been decoded."""
-        return self.input_complete and self.num_emitted_tokens == len(self.token_ids)
-
-
-@dataclass(frozen=True)
-class _Work:
-    """One item of a step: a whole request (start == end == 0) or one chunk of a stream."""
-
-    rank: tuple[int, int]  # (chunk index, arrival order): the order items are taken in
-    request_id: str
-    start: int = 0
-    end: int = 0
 
 
 class GenerationEngine:
@@ -79,7 +47,8 @@ class GenerationEngine:
         self.model: GenerationModel = model
         self.device = device
         self._pending: OrderedDict[str, tuple[StageInput, float, int]] = OrderedDict()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
+        self.chunk_schedule = ChunkSchedule(config, model)
         self._order = itertools.count()
         self.num_steps = 0
         self.num_finished = 0
@@ -104,7 +73,7 @@ class GenerationEngine:
             self._pending[rid] = (stage_input, arrival, order)
             return
         seed = stage_input.sampling_params.seed
-        self._streams[rid] = _Stream(
+        self._streams[rid] = Stream(
             stage_input,
             arrival,
             order,
@@ -158,7 +127,7 @@ class GenerationEngine:
         """Whether step() would do anything now: a whole request, a ready chunk, or a stream
         whose complete input is all decoded (it finishes)."""
         return bool(self._pending) or any(
-            s.done or self._ready_chunks(s) for s in self._streams.values()
+            s.done or self.chunk_schedule.ready_chunks(s) for s in self._streams.values()
         )
 
     @property
@@ -167,7 +136,7 @@ class GenerationEngine:
 
     # ---- the loop -----------------------------------------------------------------------------
     def step(self) -> EngineOutput:
-        work = self._schedule()
+        work = self.chunk_schedule.schedule(self._pending, self._streams)
         if not work and not any(s.done for s in self._streams.values()):
             return EngineOutput()
         self.num_steps += 1
@@ -185,44 +154,6 @@ class GenerationEngine:
         self.num_finished += len(finished)
         return EngineOutput(updates=updates, finished=finished, failed=failed)
 
-    def _schedule(self) -> list[_Work]:
-        """The step's items: ready ones ranked (chunk index, arrival), at most max_num_seqs. A
-        stream's chunks rank in their order, so a taken chunk's predecessors are taken too."""
-        # At most one whole-sequence decode per step: they run one by one anyway, and each
-        # waveform then leaves as soon as it is done instead of waiting for the others.
-        whole = list(self._pending.items())[:1]
-        work = [_Work((0, order), rid) for rid, (_, _, order) in whole]
-        for rid, stream in self._streams.items():
-            work += [_Work((i, stream.order), rid, s, e) for i, s, e in self._ready_chunks(stream)]
-        return sorted(work, key=lambda w: w.rank)[: self.config.engine.max_num_seqs]
-
-    def _ready_chunks(self, stream: _Stream) -> list[tuple[int, int, int]]:
-        """(chunk index, start, end) of each chunk of the stream that can be decoded now."""
-        stream_config = self.config.stream
-        look_ahead = self._context()[1]
-        num_tokens = len(stream.token_ids)
-        index, start, ready = len(stream.chunks), stream.num_emitted_tokens, []
-        while start < num_tokens:
-            size = stream_config.first_chunk_size if index == 0 else stream_config.chunk_size
-            end = start + size
-            if end + look_ahead > num_tokens:  # its codes or look-ahead have not all come
-                if not stream.input_complete:
-                    break
-                end = min(end, num_tokens)
-            ready.append((index, start, end))
-            index, start = index + 1, end
-        return ready
-
-    def _context(self) -> tuple[int, int]:
-        """(left_context, look_ahead): the stage config's, or the adapter's defaults."""
-        left, ahead = self.config.stream.left_context, self.config.stream.look_ahead
-        if left is None or ahead is None:
-            assert isinstance(self.model, ChunkedGenerationModel)  # add_request checked it
-            default_left, default_ahead = self.model.chunk_defaults()
-            left = default_left if left is None else left
-            ahead = default_ahead if ahead is None else ahead
-        return left, ahead
-
     def _generate(
         self, item: tuple[StageInput, float, int], failed: dict[str, Exception]
     ) -> StageResult | None:
@@ -239,11 +170,11 @@ class GenerationEngine:
         result = self._result(stage_input, "stopped", arrival)
         return dataclasses.replace(result, audio=audio, sample_rate=self.model.sample_rate)
 
-    def _decode(self, chunks: list[_Work], failed: dict[str, Exception]) -> list[StageUpdate]:
+    def _decode(self, chunks: list[Work], failed: dict[str, Exception]) -> list[StageUpdate]:
         """All ready chunks in one decode_chunks call; if it raises, each chunk alone, so that
         only the requests that break it fail."""
         assert isinstance(self.model, ChunkedGenerationModel)  # add_request checked it
-        left, ahead = self._context()
+        left, ahead = self.chunk_schedule.context()
         streams = [self._streams[w.request_id] for w in chunks]
         jobs = [
             ChunkJob(tuple(s.token_ids), w.start, w.end, left, ahead, s.input_complete, s.seed,
@@ -295,7 +226,7 @@ class GenerationEngine:
             timings={"latency_s": time.perf_counter() - arrival, **timings},
         )
 
-    def _stream_result(self, stream: _Stream, reason: str) -> StageResult:
+    def _stream_result(self, stream: Stream, reason: str) -> StageResult:
         """A stream's result: "stopped" carries all its chunks joined (no codes: no samples)."""
         first = {} if stream.first_audio_s is None else {"first_audio_s": stream.first_audio_s}
         stage_input = dataclasses.replace(stream.stage_input, prompt_token_ids=stream.token_ids)

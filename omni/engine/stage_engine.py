@@ -5,10 +5,10 @@ request it advanced (StageUpdate: the new tokens) and every request it finished 
 with the per-token output tensors gathered from the output cache).
 
 Device (omni/engine/device.py): weights, KV cache and activations live on the stage's device
-(`engine.device`), in `engine.dtype` (null: bfloat16 on a GPU, float32 on the CPU). On a GPU the
-pool is sized from `engine.gpu_memory_utilization` after a profiled forward when num_blocks is
-null (omni/engine/cache_sizing.py), and the output cache lives in pinned host memory
-(output_cache_device: cpu) or on the GPU (cuda). Results and updates leave as CPU tensors.
+(`engine.device`), in `engine.dtype` (null: bfloat16 on a GPU, float32 on the CPU). The KV pool's
+size and the output cache's place are decided once, at construction (omni/engine/stage_memory.py);
+the output rows' bookkeeping (usable prefix hits, completed blocks, streamed and gathered rows) is
+omni/engine/output_rows.py. Results and updates leave as CPU tensors.
 """
 
 from __future__ import annotations
@@ -24,25 +24,10 @@ from omni.core.kv_cache_manager import KVCacheManager
 from omni.core.request import Request, RequestStatus
 from omni.core.scheduler import Scheduler, SchedulerConfig
 from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
-from omni.engine.cache_sizing import (
-    bytes_per_block,
-    check_gpu_num_blocks,
-    gpu_memory_utilization,
-    gpu_num_blocks,
-    kv_bytes_per_block,
-    num_kv_blocks,
-    output_bytes_per_block,
-)
-from omni.engine.device import (
-    CPU,
-    cuda_free_bytes,
-    cuda_memory_stats,
-    dtype_name,
-    profile_peak_bytes,
-    resolve_device,
-    resolve_dtype,
-)
+from omni.engine.device import cuda_memory_stats, dtype_name, resolve_device, resolve_dtype
 from omni.engine.engine import run_until_done
+from omni.engine.output_rows import OutputRows
+from omni.engine.stage_memory import StageMemory
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
 from omni.registry import get_adapter, get_adapter_spec
 from omni.runtime.model_runner import ModelRunner
@@ -72,22 +57,15 @@ class StageEngine:
         # None (a StageConfig outside an OmniConfig): every output the adapter emits.
         outputs = engine.outputs
         emits = get_adapter_spec(config.adapter).emits if outputs is None else outputs
-        itemsize = torch.finfo(dtype).bits // 8
-        if device.type == "cuda":
-            output_cache_device = device if engine.output_cache_device == "cuda" else CPU
-            self.num_blocks = self._gpu_num_blocks(len(emits), itemsize, output_cache_device)
-        else:
-            output_cache_device = CPU
-            block_bytes = bytes_per_block(
-                config,
-                num_layers=self.model.num_layers,
-                num_kv_heads=self.model.num_kv_heads,
-                head_dim=self.model.head_dim,
-                hidden_size=self.model.hidden_size,
-                num_outputs=len(emits),
-                itemsize=itemsize,
-            )
-            self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len)
+        memory = StageMemory.plan(
+            config,
+            model,
+            device=device,
+            dtype=dtype,
+            max_model_len=self.max_model_len,
+            num_outputs=len(emits),
+        )
+        self.num_blocks = memory.num_blocks
         self.kv = KVCacheManager(
             self.num_blocks,
             engine.block_size,
@@ -102,15 +80,21 @@ class StageEngine:
                 engine.block_size,
                 dtype,
                 keep,
-                device=output_cache_device,
+                device=memory.output_cache_device,
                 source_device=device,
             )
             if keep is None or "hidden_states" in keep:
                 self.output_cache.allocate("hidden_states", (self.model.hidden_size,))
+        self.rows = OutputRows(
+            self.kv,
+            self.output_cache,
+            block_size=engine.block_size,
+            outputs_cached=engine.outputs_cached,
+        )
         self.scheduler = Scheduler(
             SchedulerConfig(engine.max_num_seqs, engine.max_num_batched_tokens, self.max_model_len),
             self.kv,
-            hit_filter=self._usable_hits if engine.enable_prefix_caching else None,
+            hit_filter=self.rows.usable_hits if engine.enable_prefix_caching else None,
         )
         self.runner = ModelRunner(
             self.model,
@@ -125,56 +109,6 @@ class StageEngine:
         if self.output_cache is not None:
             self.output_cache.step = 1  # the number of the step about to run
         self._arrival: dict[str, float] = {}
-        self._admitted_step: dict[str, int] = {}
-        # stream_outputs requests -> output rows reported so far (StageUpdate.tensors)
-        self._rows_sent: dict[str, int] = {}
-
-    def _gpu_num_blocks(
-        self, num_outputs: int, itemsize: int, output_cache_device: torch.device
-    ) -> int:
-        """The KV pool of a GPU stage: engine.num_blocks checked against the free GPU memory, or
-        sized from gpu_memory_utilization after a profiled forward of max_num_batched_tokens."""
-        config, engine = self.config, self.config.engine
-        kv_block = kv_bytes_per_block(
-            config,
-            num_layers=self.model.num_layers,
-            num_kv_heads=self.model.num_kv_heads,
-            head_dim=self.model.head_dim,
-            itemsize=itemsize,
-        )
-        out_block = output_bytes_per_block(
-            config,
-            hidden_size=self.model.hidden_size,
-            num_outputs=num_outputs,
-            itemsize=itemsize,
-        )
-        on_gpu = output_cache_device.type == "cuda"
-        gpu_block = kv_block + (out_block if on_gpu else 0)
-        host_block = 0 if on_gpu else out_block
-        if engine.num_blocks is not None:
-            return check_gpu_num_blocks(
-                config,
-                num_blocks=engine.num_blocks,
-                free_bytes=cuda_free_bytes(self.device),
-                block_bytes=gpu_block,
-                host_block_bytes=host_block,
-            )
-        peak, total = profile_peak_bytes(
-            self.model,
-            block_size=engine.block_size,
-            num_tokens=min(engine.max_num_batched_tokens, self.max_model_len),
-            num_sample_rows=engine.max_num_seqs,
-            device=self.device,
-        )
-        return gpu_num_blocks(
-            config,
-            total_bytes=total,
-            peak_bytes=peak,
-            utilization=gpu_memory_utilization(config),
-            block_bytes=gpu_block,
-            max_model_len=self.max_model_len,
-            host_block_bytes=host_block,
-        )
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, stage_input: StageInput) -> None:
@@ -200,7 +134,7 @@ class StageEngine:
         if stage_input.extras:
             self.runner.add_request_extras(request.request_id, stage_input.extras)
         if stage_input.stream_outputs:
-            self._rows_sent[request.request_id] = 0
+            self.rows.stream(request.request_id)
         self.scheduler.add_request(request)
         self._arrival[request.request_id] = time.perf_counter()
 
@@ -240,8 +174,7 @@ class StageEngine:
     def abort(self, request_ids: list[str]) -> list[StageResult]:
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
         for request in finished:
-            self._admitted_step.pop(request.request_id, None)
-            self._rows_sent.pop(request.request_id, None)
+            self.rows.forget(request.request_id)
         self.runner.release([request.request_id for request in finished])
         return [self._result(request, tensors={}) for request in finished]
 
@@ -278,12 +211,7 @@ class StageEngine:
         self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
     ) -> EngineOutput:
         self.num_steps += 1
-        if self.output_cache is not None:
-            self.output_cache.step = self.num_steps + 1
-        for entry in scheduler_output.scheduled:
-            if entry.is_new:
-                self._admitted_step[entry.request_id] = self.num_steps
-        self._mark_rows_complete(scheduler_output)
+        self.rows.after_step(scheduler_output, self.num_steps)
         sampled = [self.scheduler.requests[rid] for rid in runner_output.sampled_token_ids]
         num_before = {r.request_id: r.num_output_tokens for r in sampled}
         finished = self.scheduler.update_from_output(scheduler_output, runner_output)
@@ -293,16 +221,15 @@ class StageEngine:
                 self.name,
                 list(r.output_token_ids[num_before[r.request_id] :]),
                 max(r.num_cached_tokens, 0),
-                tensors=self._new_rows(r),
+                tensors=self.rows.new_rows(r),
             )
             for r in sampled
             if r.num_output_tokens > num_before[r.request_id]
         ]
         results = []
         for request in finished:
-            results.append(self._result(request, tensors=self._gather(request)))
+            results.append(self._result(request, tensors=self.rows.finish(request)))
             self.scheduler.release(request)
-            self._rows_sent.pop(request.request_id, None)
         self.runner.release([request.request_id for request in finished])
         return EngineOutput(updates, results)
 
@@ -310,58 +237,7 @@ class StageEngine:
         """Step until every queued request finished (direct use: tests and benchmarks)."""
         return run_until_done(self, max_steps)
 
-    # ---- output rows --------------------------------------------------------------------------
-    def _usable_hits(self, hit_block_ids: list[int], pending: set[int]) -> int:
-        if self.output_cache is None:
-            return len(hit_block_ids)  # no outputs kept: the KV is all a hit needs
-        if not self.config.engine.outputs_cached:
-            return 0  # rows are never served across requests: recompute the prefix
-        versions = [self.kv.block_version(b) for b in hit_block_ids]
-        num_usable = self.output_cache.num_valid_prefix(hit_block_ids, versions, pending)
-        # Stale blocks leave the hash map so that a fresh duplicate becomes the one found.
-        for block_id in hit_block_ids[num_usable:]:
-            self.kv.uncache_block(block_id)
-        return num_usable
-
-    def _mark_rows_complete(self, scheduler_output: SchedulerOutput) -> None:
-        if self.output_cache is None:
-            return
-        completed = []
-        for entry in scheduler_output.scheduled:
-            first = entry.num_computed_tokens // self.block_size
-            last = (entry.num_computed_tokens + len(entry.token_ids)) // self.block_size
-            if last > first:
-                completed.extend(self.kv.get_block_ids(entry.request_id)[first:last])
-        versions = [self.kv.block_version(b) for b in completed]
-        self.output_cache.mark_complete(completed, versions)
-
-    def _new_rows(self, request: Request) -> dict[str, torch.Tensor]:
-        """A stream_outputs request's rows computed since its last update. Rows sent stay sent:
-        a recompute after preemption rewrites the same positions, never earlier ones again."""
-        start = self._rows_sent.get(request.request_id)
-        if start is None or self.output_cache is None:
-            return {}
-        end = request.num_computed_tokens
-        if end <= start:
-            return {}
-        self._rows_sent[request.request_id] = end
-        block_ids = self.kv.get_block_ids(request.request_id)
-        return self.output_cache.rows(block_ids, start, end)
-
-    def _gather(self, request: Request) -> dict[str, torch.Tensor]:
-        admitted_step = self._admitted_step.pop(request.request_id)
-        if self.output_cache is None:
-            return {}
-        # Every token but the last generated one was fed through the model.
-        num_rows = request.num_tokens - 1
-        block_ids = self.kv.get_block_ids(request.request_id)
-        return self.output_cache.gather(
-            block_ids,
-            num_rows,
-            admitted_step=admitted_step,
-            num_hit_rows=max(request.num_cached_tokens, 0),
-        )
-
+    # ---- results ------------------------------------------------------------------------------
     def _result(self, request: Request, tensors: dict) -> StageResult:
         arrival = self._arrival.pop(request.request_id, None)
         return StageResult(

@@ -1,8 +1,9 @@
 """StageHost: one stage's engine behind a thread-safe inbox and outbox, stepped by its own thread.
 
-The host owns everything a stage does besides moving messages: running the edge's input
-processor, queueing requests in the engine, stepping it continuously while it has work, packing
-results, and turning every exception into an error result (this is the only place that does).
+The host owns everything a stage does besides moving messages: converting routed inputs and
+streamed pieces (the edge's processors, omni/host/input_conversion.py), queueing requests in the
+engine, stepping it continuously while it has work, packing results, and turning every exception
+into an error result (this is the only place that does).
 Backends only move messages: the local backend calls a host directly, the Ray backend wraps the
 same host in a thin actor (omni/backends/ray_actor.py) and supplies `pack`/`resolve` so that
 tensors travel through the object store.
@@ -30,26 +31,22 @@ from typing import Any
 
 from omni.config import StageConfig
 from omni.engine import Engine, create_engine
-from omni.host.piece_order import PieceOrder
+from omni.host.input_conversion import InputConversion, Processor, error_message
 from omni.messages import (
     EngineOutput,
     Finished,
-    PromptInput,
     RoutedDelta,
     RoutedInput,
     StageEvent,
     StageInput,
     StageResult,
 )
-from omni.registry import get_delta_processor
 
 logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5  # the loop re-checks for shutdown at least this often when idle
 ABORTED_IDS_KEPT = 10_000  # how many recent aborts a late submit is checked against
 
-Processor = Callable[[dict[str, StageResult], PromptInput], StageInput]
-"""An edge's input processor: upstream stage results + the original prompt -> this stage's input."""
 Item = StageInput | RoutedInput | RoutedDelta
 
 
@@ -59,11 +56,6 @@ def _same(value: Any) -> Any:
 
 def _same_list(values: list[Any]) -> list[Any]:
     return list(values)
-
-
-def _why(e: BaseException) -> str:
-    """A ValueError's message is written for the user; anything else also names its type."""
-    return str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
 
 
 class StageHost:
@@ -90,13 +82,12 @@ class StageHost:
         self.config = config
         self.processors = processors
         self._pack = pack
-        self._resolve = resolve
+        self._inputs = InputConversion(config, processors, resolve)  # and streamed pieces
         self._on_event = on_event
         self._on_work = on_work
         self._engine_lock = threading.Lock()
         self._cond = threading.Condition()
         self._inbox: list[Item] = []
-        self._pieces = PieceOrder()  # streaming requests' upstream pieces, in order
         self._aborts: list[str] = []
         self._aborted_ids: OrderedDict[str, None] = OrderedDict()
         self._outbox: list[StageEvent] = []
@@ -145,17 +136,10 @@ class StageHost:
             self._on_work()
 
     def _convert(self, items: Sequence[Item]) -> tuple[list[StageInput], list[StageResult]]:
-        """Stage inputs of the (routed) requests among items; pieces are left out."""
-        accepted: list[StageInput] = []
-        failed: list[StageResult] = []
-        for item in items:
-            if isinstance(item, RoutedDelta):
-                continue
-            try:
-                accepted.append(self._to_stage_input(item))
-            except Exception as e:  # one bad item fails alone, never the whole submit
-                failed.append(self._error(item.request_id, _why(e)))
-        return accepted, failed
+        """Stage inputs of the (routed) requests among items, and error results of those that
+        failed to convert; pieces are left out."""
+        accepted, failed = self._inputs.convert(items)
+        return accepted, [self._error(request_id, why) for request_id, why in failed]
 
     def poll(self, timeout_s: float) -> list[StageEvent]:
         """Every event since the last poll; waits up to timeout_s for one. Raises when the loop
@@ -174,7 +158,7 @@ class StageHost:
             self._aborts.extend(request_ids)
             for request_id in request_ids:
                 self._aborted_ids[request_id] = None
-                self._pieces.end(request_id)
+                self._inputs.end(request_id)
             while len(self._aborted_ids) > ABORTED_IDS_KEPT:
                 self._aborted_ids.popitem(last=False)
             self._cond.notify_all()
@@ -247,25 +231,16 @@ class StageHost:
         try:
             self.engine.add_request(stage_input)
         except Exception as e:  # bad input, or an adapter hook tripping on it: this request alone
-            why = f"stage {self.name!r} rejected request {stage_input.request_id!r}: {_why(e)}"
-            return self._error(stage_input.request_id, why, stage_input.prompt_token_ids)
+            rid = stage_input.request_id
+            why = f"stage {self.name!r} rejected request {rid!r}: {error_message(e)}"
+            return self._error(rid, why, stage_input.prompt_token_ids)
         return None
 
     def _extend(self, pieces: list[RoutedDelta]) -> list[StageResult]:
         """Hand the engine every piece that is next in its request's upstream order; a piece
-        that fails fails its request alone."""
-        failed = []
-        for item in self._pieces.ready(pieces):
-            request_id = item.request_id
-            try:
-                delta = get_delta_processor(str(self.config.input_processor))(item.piece)
-                self.engine.extend_request(delta)
-            except Exception as e:
-                self.engine.abort([request_id])
-                self._pieces.end(request_id)
-                why = f"stage {self.name!r} failed on streamed input of request {request_id!r}"
-                failed.append(self._error(request_id, f"{why}: {_why(e)}"))
-        return failed
+        that fails fails its request alone (an error result)."""
+        failed = self._inputs.extend(self.engine, pieces)
+        return [self._error(request_id, why) for request_id, why in failed]
 
     def _step(self) -> list[StageEvent]:
         """One engine step. A step that raises fails the requests in flight, never the stage;
@@ -284,41 +259,8 @@ class StageHost:
         return events
 
     # ---- results ------------------------------------------------------------------------------
-    def _to_stage_input(self, item: StageInput | RoutedInput) -> StageInput:
-        if isinstance(item, StageInput):
-            return item
-        names = list(item.upstream)
-        if item.streaming:  # partial results travel by value, not as finished payloads
-            upstream = dict(item.upstream)
-        else:
-            resolved = self._resolve([item.upstream[n] for n in names])
-            upstream = dict(zip(names, resolved, strict=True))
-        processor_name = self.config.input_processor
-        if processor_name is None:
-            raise ValueError(f"stage {self.name!r} has no input processor for routed inputs")
-        try:
-            stage_input = self.processors[processor_name](upstream, item.prompt)
-            if not isinstance(stage_input, StageInput):
-                raise TypeError(f"returned {type(stage_input).__name__}, expected StageInput")
-        except Exception as e:  # a broken processor fails this request alone
-            raise ValueError(
-                f"input processor {processor_name!r} of stage {self.name!r} failed on request "
-                f"{item.request_id!r}: {type(e).__name__}: {e}"
-            ) from e
-        if item.streaming:  # its pieces may flow from now on
-            self._pieces.start(item.request_id, len(next(iter(upstream.values())).token_ids))
-        # The router owns the request id, the per-stage sampling and streaming; the processor
-        # the rest.
-        return dataclasses.replace(
-            stage_input,
-            request_id=item.request_id,
-            sampling_params=item.sampling_params,
-            input_complete=not item.streaming,
-            stream_outputs=item.stream_outputs,
-        )
-
     def _finished(self, result: StageResult) -> Finished:
-        self._pieces.end(result.request_id)
+        self._inputs.end(result.request_id)
         # The routed result is light (no tensors); the payload carries the whole result.
         return Finished(dataclasses.replace(result, tensors={}, audio=None), self._pack(result))
 

@@ -18,7 +18,7 @@ from helpers import make_engine, run_engine, shared_prefix_prompts, transformers
 from omni import Omni
 from omni.config import ConfigError, load_config
 from omni.core.sampling_params import SamplingParams
-from omni.engine import GenerationEngine, StageEngine, stage_engine
+from omni.engine import GenerationEngine, StageEngine, stage_engine, stage_memory
 from omni.engine.cache_sizing import (
     check_gpu_num_blocks,
     gpu_blocks_that_fit,
@@ -220,8 +220,8 @@ def test_gpu_memory_utilization_defaults():
 
 @pytest.mark.slow
 def test_engine_gpu_sizing_wiring_with_injected_numbers(qwen2_dir, monkeypatch):
-    """StageEngine._gpu_num_blocks on the CPU with the CUDA measurements injected: the KV always
-    counts on the GPU, output rows only with output_cache_device cuda (else on the host)."""
+    """stage_memory.gpu_pool_num_blocks on the CPU with the CUDA measurements injected: the KV
+    always counts on the GPU, output rows only with output_cache_device cuda (else on the host)."""
     engine = make_engine(qwen2_dir, block_size=16, max_model_len=256, max_num_seqs=64)
     model = engine.model
     kv = model.num_layers * 2 * model.num_kv_heads * model.head_dim * 4 * 16
@@ -232,20 +232,32 @@ def test_engine_gpu_sizing_wiring_with_injected_numbers(qwen2_dir, monkeypatch):
         seen.update(block_size=block_size, num_tokens=num_tokens, rows=num_sample_rows)
         return MiB, 10 * MiB  # (peak, total)
 
-    monkeypatch.setattr(stage_engine, "profile_peak_bytes", profile)
-    monkeypatch.setattr(stage_engine, "cuda_free_bytes", lambda device: GiB)
+    monkeypatch.setattr(stage_memory, "profile_peak_bytes", profile)
+    monkeypatch.setattr(stage_memory, "cuda_free_bytes", lambda device: GiB)
     budget = int(0.5 * 10 * MiB) - MiB
     counts = {}
+
+    def gpu_pool_num_blocks(output_cache_device: str) -> int:
+        return stage_memory.gpu_pool_num_blocks(
+            engine.config,
+            model,
+            device=engine.device,
+            max_model_len=engine.max_model_len,
+            num_outputs=1,
+            itemsize=4,
+            output_cache_device=torch.device(output_cache_device),
+        )
+
     for where, gpu_block in (("cuda", kv + rows), ("cpu", kv)):
         engine.config = _replace_engine(
             engine.config, gpu_memory_utilization=0.5, kv_cache_memory=1.0
         )
-        counts[where] = engine._gpu_num_blocks(1, 4, torch.device(where))
+        counts[where] = gpu_pool_num_blocks(where)
         assert counts[where] == budget // gpu_block, where
     assert counts["cpu"] > counts["cuda"]  # output rows in host memory leave the GPU to the KV
     assert seen == {"block_size": 16, "num_tokens": 256, "rows": 64}  # min(2048, max_model_len)
     engine.config = _replace_engine(engine.config, num_blocks=10)
-    assert engine._gpu_num_blocks(1, 4, torch.device("cpu")) == 10
+    assert gpu_pool_num_blocks("cpu") == 10
 
 
 def _replace_engine(config, **changes):

@@ -1,0 +1,127 @@
+"""A stage's engine settings: EngineConfig (its paged KV cache, scheduler limits, numerics and
+device) and StreamConfig (streamed input while the upstream stage still generates, and the
+output chunks of a generation stage). Both sit under a StageConfig (omni/config/schema.py, which
+re-exports them) and follow its rules: frozen, every value checked when built, one docstring
+per field. Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from omni.config.validate import check_types, one_of, require
+
+HASH_ALGOS = ("xxhash", "sha256")
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+OUTPUT_CACHE_DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One stage engine: its paged KV cache, scheduler limits and numerics."""
+
+    block_size: int = 16
+    """Tokens per KV cache block (also the prefix-caching granularity)."""
+    num_blocks: int | None = None
+    """KV cache blocks in this stage's pool (bounds the tokens resident at once); null means as
+    many as kv_cache_memory holds, at most enough for max_num_seqs sequences of max_model_len."""
+    kv_cache_memory: float = 0.1
+    """Memory for the KV and output caches when num_blocks is null: a share (0 < x <= 1) of the
+    memory available when the stage starts, or a number of bytes (> 1)."""
+    max_num_seqs: int = 32
+    """Most requests running in one step."""
+    max_num_batched_tokens: int = 2048
+    """Most tokens fed in one step; longer prompts are prefilled in chunks."""
+    max_model_len: int | None = None
+    """Longest sequence (prompt + generated tokens) a request may reach; null means the
+    checkpoint's max_position_embeddings (4096 when it has none)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of identical prompt prefixes across requests."""
+    cache_outputs: bool | None = None
+    """Keep per-token stage outputs beside the KV blocks; null means enable_prefix_caching."""
+    hash_algo: str = "xxhash"
+    """Block hash function: xxhash (fast) or sha256 (collision-proof)."""
+    dtype: str | None = None
+    """Model weights and activations: float32, bfloat16 or float16; null means bfloat16 on a
+    GPU and float32 on the CPU."""
+    device: str = "auto"
+    """Where weights, KV cache and activations live: cpu, cuda, or auto (the GPU Ray assigned
+    to this stage, else the GPU torch sees, else the CPU)."""
+    gpu_memory_utilization: float | None = None
+    """Share (0 < x <= 1) of its GPU's memory this stage may use on a GPU (weights, KV and
+    output caches, activations); null means resources.num_gpus when that is a fraction, else 0.9."""
+    output_cache_device: str = "cpu"
+    """Where a GPU stage keeps its stage-output cache: cpu (pinned host memory, written by
+    asynchronous copies) or cuda (GPU memory)."""
+    seed: int = 0
+    """Seed of this stage's generator for requests that bring no seed of their own."""
+    num_threads: int | None = None
+    """Torch threads in this stage; null means from resources.num_cpus."""
+    outputs: tuple[str, ...] | None = None
+    """Per-token outputs (e.g. hidden_states) this stage caches and returns: null means all
+    its adapter emits when another stage consumes it and none for the final stage; [] none."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            require(getattr(self, name) >= 1, self, name, "an integer >= 1")
+        for name in ("num_blocks", "max_model_len"):
+            ok = getattr(self, name) is None or getattr(self, name) >= 1
+            require(ok, self, name, "an integer >= 1 or null")
+        ok = math.isfinite(self.kv_cache_memory) and self.kv_cache_memory > 0
+        require(ok, self, "kv_cache_memory", "a share in (0, 1] or a number of bytes > 1")
+        require(self.hash_algo in HASH_ALGOS, self, "hash_algo", one_of(HASH_ALGOS))
+        require(self.dtype is None or self.dtype in DTYPES, self, "dtype", one_of(DTYPES))
+        require(self.device in DEVICES, self, "device", one_of(DEVICES))
+        utilization = self.gpu_memory_utilization
+        ok = utilization is None or (math.isfinite(utilization) and 0 < utilization <= 1)
+        require(ok, self, "gpu_memory_utilization", "a share in (0, 1] or null")
+        choices = OUTPUT_CACHE_DEVICES
+        require(self.output_cache_device in choices, self, "output_cache_device", one_of(choices))
+        require(self.seed >= 0, self, "seed", "an integer >= 0")
+        require(self.num_threads is None or self.num_threads >= 1, self, "num_threads", ">= 1")
+        # Cached outputs are found only through prefix hits: without APC they would never be read.
+        ok = not (self.cache_outputs and not self.enable_prefix_caching)
+        require(ok, self, "cache_outputs", "false or null when enable_prefix_caching is false")
+
+    def resolved_dtype(self, on_gpu: bool) -> str:
+        """The dtype with the null default resolved for the stage's device."""
+        if self.dtype is not None:
+            return self.dtype
+        return "bfloat16" if on_gpu else "float32"
+
+    @property
+    def outputs_cached(self) -> bool:
+        """Whether the stage-output cache is on, with the null default resolved."""
+        if self.cache_outputs is None:
+            return self.enable_prefix_caching
+        return self.cache_outputs
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """How this stage takes a streaming request (stream_audio) while its upstream stage is still
+    generating it, and, for a generation stage, the chunks it decodes."""
+
+    enabled: bool = False
+    """Start a streaming request as soon as the upstream produced what the input processor
+    needs, and take the rest as it arrives; false: wait until the upstream has finished it."""
+    first_chunk_size: int = 10
+    """Input tokens (e.g. codec codes) in a request's first output chunk: small, for latency."""
+    chunk_size: int = 50
+    """Input tokens in each later output chunk."""
+    left_context: int | None = None
+    """Input tokens before a chunk that its decode also sees; null: the adapter's default."""
+    look_ahead: int | None = None
+    """Input tokens after a chunk that must have arrived (unless the input is complete) and that
+    its decode also sees; null: the adapter's default."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("first_chunk_size", "chunk_size"):
+            require(getattr(self, name) >= 1, self, name, "an integer >= 1")
+        for name in ("left_context", "look_ahead"):
+            ok = getattr(self, name) is None or getattr(self, name) >= 0
+            require(ok, self, name, "an integer >= 0 or null")

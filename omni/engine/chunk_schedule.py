@@ -1,0 +1,99 @@
+"""ChunkSchedule: which work a GenerationEngine step takes, and the chunks of its streams.
+
+A streaming request (`Stream`: input_complete=False, its codes arriving as the upstream stage
+generates them) is decoded in chunks: chunk k covers codes [b_k, b_{k+1}), b_0 = 0,
+b_1 = stream.first_chunk_size, later chunks stream.chunk_size long, and is ready once its codes
+and `look_ahead` more have come, or the input is complete (the last chunk takes what is left).
+A step takes up to `engine.max_num_seqs` items (`Work`) ranked by chunk index, then arrival: a
+request's first audio goes ahead of other requests' later chunks, and a whole request counts as
+chunk 0. Each decode also sees `left_context` codes before its chunk and the `look_ahead` after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from omni.config import StageConfig
+from omni.messages import StageInput
+from omni.runtime.stage_model import ChunkedGenerationModel, GenerationModel
+
+
+@dataclass
+class Stream:
+    """A streaming request's state: its codes so far and the chunks it has emitted."""
+
+    stage_input: StageInput
+    arrival: float
+    order: int  # arrival order, shared with whole requests
+    seed: int
+    token_ids: list[int]
+    input_complete: bool = False
+    num_emitted_tokens: int = 0  # chunks cover [0, num_emitted_tokens)
+    chunks: list[torch.Tensor] = field(default_factory=list)
+    first_audio_s: float | None = None
+
+    @property
+    def done(self) -> bool:
+        """All of its (complete) input has been decoded."""
+        return self.input_complete and self.num_emitted_tokens == len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class Work:
+    """One item of a step: a whole request (start == end == 0) or one chunk of a stream."""
+
+    rank: tuple[int, int]  # (chunk index, arrival order): the order items are taken in
+    request_id: str
+    start: int = 0
+    end: int = 0
+
+
+class ChunkSchedule:
+    def __init__(self, config: StageConfig, model: GenerationModel) -> None:
+        self.config = config
+        self.model = model
+
+    def schedule(
+        self, pending: Mapping[str, tuple[StageInput, float, int]], streams: Mapping[str, Stream]
+    ) -> list[Work]:
+        """The step's items: ready ones ranked (chunk index, arrival), at most max_num_seqs.
+        pending: the whole requests, oldest first, as (input, arrival time, arrival order). A
+        stream's chunks rank in their order, so a taken chunk's predecessors are taken too."""
+        # At most one whole-sequence decode per step: they run one by one anyway, and each
+        # waveform then leaves as soon as it is done instead of waiting for the others.
+        whole = list(pending.items())[:1]
+        work = [Work((0, order), rid) for rid, (_, _, order) in whole]
+        for rid, stream in streams.items():
+            work += [Work((i, stream.order), rid, s, e) for i, s, e in self.ready_chunks(stream)]
+        return sorted(work, key=lambda w: w.rank)[: self.config.engine.max_num_seqs]
+
+    def ready_chunks(self, stream: Stream) -> list[tuple[int, int, int]]:
+        """(chunk index, start, end) of each chunk of the stream that can be decoded now."""
+        stream_config = self.config.stream
+        look_ahead = self.context()[1]
+        num_tokens = len(stream.token_ids)
+        index, start, ready = len(stream.chunks), stream.num_emitted_tokens, []
+        while start < num_tokens:
+            size = stream_config.first_chunk_size if index == 0 else stream_config.chunk_size
+            end = start + size
+            if end + look_ahead > num_tokens:  # its codes or look-ahead have not all come
+                if not stream.input_complete:
+                    break
+                end = min(end, num_tokens)
+            ready.append((index, start, end))
+            index, start = index + 1, end
+        return ready
+
+    def context(self) -> tuple[int, int]:
+        """(left_context, look_ahead): the stage config's, or the adapter's defaults."""
+        left, ahead = self.config.stream.left_context, self.config.stream.look_ahead
+        if left is None or ahead is None:
+            # Only streams ask, and add_request admits a stream only for a chunked model.
+            assert isinstance(self.model, ChunkedGenerationModel)
+            default_left, default_ahead = self.model.chunk_defaults()
+            left = default_left if left is None else left
+            ahead = default_ahead if ahead is None else ahead
+        return left, ahead

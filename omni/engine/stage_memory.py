@@ -1,0 +1,131 @@
+"""StageMemory: the size of a stage's KV pool and where its output cache lives, decided once while
+its engine is built, from the loaded model's shapes and the stage's device and dtype.
+
+On the CPU the pool comes from `engine.num_blocks` or the `kv_cache_memory` budget, and the
+output cache sits in host memory. On a GPU `engine.num_blocks` is checked against the free GPU
+memory (the weights already loaded), or, when null, the pool is sized from
+`engine.gpu_memory_utilization` after a profiled forward of max_num_batched_tokens tokens; the
+output cache lives in pinned host memory (output_cache_device: cpu) or on the GPU (cuda). The
+arithmetic is in omni/engine/cache_sizing.py; this module measures what it needs and feeds it in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from omni.config import StageConfig
+from omni.engine.cache_sizing import (
+    bytes_per_block,
+    check_gpu_num_blocks,
+    gpu_memory_utilization,
+    gpu_num_blocks,
+    kv_bytes_per_block,
+    num_kv_blocks,
+    output_bytes_per_block,
+)
+from omni.engine.device import CPU, cuda_free_bytes, profile_peak_bytes
+from omni.runtime.stage_model import StageModel
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    num_blocks: int
+    """KV blocks in the stage's pool; the output cache has as many, slot for slot."""
+    output_cache_device: torch.device
+    """Where the output cache's rows live: the CPU, or the stage's GPU."""
+
+    @classmethod
+    def plan(
+        cls,
+        config: StageConfig,
+        model: StageModel,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+        num_outputs: int,
+    ) -> StageMemory:
+        """The pool and output-cache placement of a stage whose model is loaded on `device`;
+        num_outputs: how many per-token outputs its output cache keeps a row of per token."""
+        itemsize = torch.finfo(dtype).bits // 8
+        if device.type == "cuda":
+            output_cache_device = device if config.engine.output_cache_device == "cuda" else CPU
+            num_blocks = gpu_pool_num_blocks(
+                config,
+                model,
+                device=device,
+                max_model_len=max_model_len,
+                num_outputs=num_outputs,
+                itemsize=itemsize,
+                output_cache_device=output_cache_device,
+            )
+            return cls(num_blocks, output_cache_device)
+        block_bytes = bytes_per_block(
+            config,
+            num_layers=model.num_layers,
+            num_kv_heads=model.num_kv_heads,
+            head_dim=model.head_dim,
+            hidden_size=model.hidden_size,
+            num_outputs=num_outputs,
+            itemsize=itemsize,
+        )
+        return cls(num_kv_blocks(config, block_bytes, max_model_len), CPU)
+
+
+def gpu_pool_num_blocks(
+    config: StageConfig,
+    model: StageModel,
+    *,
+    device: torch.device,
+    max_model_len: int,
+    num_outputs: int,
+    itemsize: int,
+    output_cache_device: torch.device,
+) -> int:
+    """The KV pool of a GPU stage: engine.num_blocks checked against the free GPU memory, or
+    sized from gpu_memory_utilization after a profiled forward of max_num_batched_tokens. The KV
+    always counts on the GPU; the output rows there only when the output cache lives there,
+    else on the host."""
+    engine = config.engine
+    kv_block = kv_bytes_per_block(
+        config,
+        num_layers=model.num_layers,
+        num_kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        itemsize=itemsize,
+    )
+    out_block = output_bytes_per_block(
+        config,
+        hidden_size=model.hidden_size,
+        num_outputs=num_outputs,
+        itemsize=itemsize,
+    )
+    on_gpu = output_cache_device.type == "cuda"
+    gpu_block = kv_block + (out_block if on_gpu else 0)
+    host_block = 0 if on_gpu else out_block
+    if engine.num_blocks is not None:
+        return check_gpu_num_blocks(
+            config,
+            num_blocks=engine.num_blocks,
+            free_bytes=cuda_free_bytes(device),
+            block_bytes=gpu_block,
+            host_block_bytes=host_block,
+        )
+    peak, total = profile_peak_bytes(
+        model,
+        block_size=engine.block_size,
+        num_tokens=min(engine.max_num_batched_tokens, max_model_len),
+        num_sample_rows=engine.max_num_seqs,
+        device=device,
+    )
+    return gpu_num_blocks(
+        config,
+        total_bytes=total,
+        peak_bytes=peak,
+        utilization=gpu_memory_utilization(config),
+        block_bytes=gpu_block,
+        max_model_len=max_model_len,
+        host_block_bytes=host_block,
+    )

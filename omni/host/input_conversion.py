@@ -1,0 +1,114 @@
+"""InputConversion: what a stage host receives -> what its engine takes.
+
+A routed request (`RoutedInput`: upstream payloads and the original prompt) becomes a
+`StageInput` through the edge's input processor; a streaming request's upstream pieces
+(`RoutedDelta`) become `InputDelta`s through the edge's delta processor and reach the engine in
+upstream order, each once (PieceOrder, omni/host/piece_order.py). A failure here fails its
+request alone: conversion hands back (request id, why) and the host turns that into the error
+result (the host is the only place that builds them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from omni.config import StageConfig
+from omni.engine import Engine
+from omni.host.piece_order import PieceOrder
+from omni.messages import PromptInput, RoutedDelta, RoutedInput, StageInput, StageResult
+from omni.registry import get_delta_processor
+
+Processor = Callable[[dict[str, StageResult], PromptInput], StageInput]
+"""An edge's input processor: upstream stage results + the original prompt -> this stage's input."""
+Failure = tuple[str, str]
+"""(request id, why) of a request that failed on its input."""
+
+
+def error_message(e: BaseException) -> str:
+    """A ValueError's message is written for the user; anything else also names its type."""
+    return str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+
+
+class InputConversion:
+    def __init__(
+        self,
+        config: StageConfig,
+        processors: Mapping[str, Processor],
+        resolve: Callable[[list[Any]], list[StageResult]],
+    ) -> None:
+        """resolve: upstream payloads -> their results (in-process: the results themselves)."""
+        self.name = config.name
+        self.config = config
+        self.processors = processors
+        self._resolve = resolve
+        self._pieces = PieceOrder()  # streaming requests' upstream pieces, in order
+
+    def convert(
+        self, items: Sequence[StageInput | RoutedInput | RoutedDelta]
+    ) -> tuple[list[StageInput], list[Failure]]:
+        """Stage inputs of the (routed) requests among items; pieces are left out."""
+        accepted: list[StageInput] = []
+        failed: list[Failure] = []
+        for item in items:
+            if isinstance(item, RoutedDelta):
+                continue
+            try:
+                accepted.append(self._to_stage_input(item))
+            except Exception as e:  # one bad item fails alone, never the whole submit
+                failed.append((item.request_id, error_message(e)))
+        return accepted, failed
+
+    def _to_stage_input(self, item: StageInput | RoutedInput) -> StageInput:
+        if isinstance(item, StageInput):
+            return item
+        names = list(item.upstream)
+        if item.streaming:  # partial results travel by value, not as finished payloads
+            upstream = dict(item.upstream)
+        else:
+            resolved = self._resolve([item.upstream[n] for n in names])
+            upstream = dict(zip(names, resolved, strict=True))
+        processor_name = self.config.input_processor
+        if processor_name is None:
+            raise ValueError(f"stage {self.name!r} has no input processor for routed inputs")
+        try:
+            stage_input = self.processors[processor_name](upstream, item.prompt)
+            if not isinstance(stage_input, StageInput):
+                raise TypeError(f"returned {type(stage_input).__name__}, expected StageInput")
+        except Exception as e:  # a broken processor fails this request alone
+            raise ValueError(
+                f"input processor {processor_name!r} of stage {self.name!r} failed on request "
+                f"{item.request_id!r}: {type(e).__name__}: {e}"
+            ) from e
+        if item.streaming:  # its pieces may flow from now on
+            self._pieces.start(item.request_id, len(next(iter(upstream.values())).token_ids))
+        # The router owns the request id, the per-stage sampling and streaming; the processor
+        # the rest.
+        return dataclasses.replace(
+            stage_input,
+            request_id=item.request_id,
+            sampling_params=item.sampling_params,
+            input_complete=not item.streaming,
+            stream_outputs=item.stream_outputs,
+        )
+
+    def extend(self, engine: Engine, pieces: list[RoutedDelta]) -> list[Failure]:
+        """Hand the engine every piece that is next in its request's upstream order; a piece
+        that fails aborts its request alone (in the engine, before the next piece is handed)."""
+        failed = []
+        for item in self._pieces.ready(pieces):
+            request_id = item.request_id
+            try:
+                delta = get_delta_processor(str(self.config.input_processor))(item.piece)
+                engine.extend_request(delta)
+            except Exception as e:
+                engine.abort([request_id])
+                self._pieces.end(request_id)
+                why = f"stage {self.name!r} failed on streamed input of request {request_id!r}"
+                failed.append((request_id, f"{why}: {error_message(e)}"))
+        return failed
+
+    def end(self, request_id: str) -> None:
+        """The request finished, failed or was aborted: its pieces stop (late ones are dropped)."""
+        self._pieces.end(request_id)
