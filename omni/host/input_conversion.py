@@ -44,6 +44,10 @@ class InputConversion:
         self.processors = processors
         self._resolve = resolve
         self._pieces = PieceOrder()  # streaming requests' upstream pieces, in order
+        # Streaming requests converted but not yet in the engine -> upstream tokens they cover.
+        # Their pieces flow only once the engine holds them (`started`): a piece handed over
+        # before would find no request (the host converts on Ray's call threads).
+        self._offsets: dict[str, int] = {}
 
     def convert(
         self, items: Sequence[StageInput | RoutedInput | RoutedDelta]
@@ -81,8 +85,8 @@ class InputConversion:
                 f"input processor {processor_name!r} of stage {self.name!r} failed on request "
                 f"{item.request_id!r}: {type(e).__name__}: {e}"
             ) from e
-        if item.streaming:  # its pieces may flow from now on
-            self._pieces.start(item.request_id, len(next(iter(upstream.values())).token_ids))
+        if item.streaming:
+            self._offsets[item.request_id] = len(next(iter(upstream.values())).token_ids)
         # The router owns the request id, the per-stage sampling and streaming; the processor
         # the rest.
         return dataclasses.replace(
@@ -93,11 +97,21 @@ class InputConversion:
             stream_outputs=item.stream_outputs,
         )
 
-    def extend(self, engine: Engine, pieces: list[RoutedDelta]) -> list[Failure]:
-        """Hand the engine every piece that is next in its request's upstream order; a piece
-        that fails aborts its request alone (in the engine, before the next piece is handed)."""
+    def started(self, request_id: str) -> bool:
+        """The engine now holds this request: its pieces may flow. Whether it streams."""
+        offset = self._offsets.pop(request_id, None)
+        if offset is not None:
+            self._pieces.start(request_id, offset)
+        return offset is not None
+
+    def extend(
+        self, engine: Engine, pieces: list[RoutedDelta], started_ids: Sequence[str] = ()
+    ) -> list[Failure]:
+        """Hand the engine every piece that is next in its request's upstream order (also those
+        held for requests that just started); a piece that fails aborts its request alone (in
+        the engine, before the next piece is handed)."""
         failed = []
-        for item in self._pieces.ready(pieces):
+        for item in self._pieces.ready(pieces, started_ids):
             request_id = item.request_id
             try:
                 delta = get_delta_processor(str(self.config.input_processor))(item.piece)
@@ -111,4 +125,5 @@ class InputConversion:
 
     def end(self, request_id: str) -> None:
         """The request finished, failed or was aborted: its pieces stop (late ones are dropped)."""
+        self._offsets.pop(request_id, None)
         self._pieces.end(request_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from omni.messages import RoutedDelta
 
@@ -28,14 +29,18 @@ class PieceOrder:
         with self._lock:
             self._next_offset[request_id] = offset
 
-    def ready(self, pieces: list[RoutedDelta]) -> list[RoutedDelta]:
-        """Every piece (of these and the ones held back) that is next in its request's order."""
+    def ready(
+        self, pieces: list[RoutedDelta], started_ids: Sequence[str] = ()
+    ) -> list[RoutedDelta]:
+        """Every piece (of these, and those held back for their requests or for the requests
+        that just started) that is next in its request's order."""
         out = []
         with self._lock:
             pieces = [p for p in pieces if p.request_id not in self._ended]
             for piece in pieces:
                 self._early.setdefault(piece.request_id, {})[piece.offset] = piece
-            for request_id in {piece.request_id for piece in pieces}:
+            waiting = {piece.request_id for piece in pieces} | set(started_ids)
+            for request_id in waiting & self._early.keys():
                 early = self._early[request_id]
                 while (offset := self._next_offset.get(request_id, -1)) in early:
                     piece = early.pop(offset)

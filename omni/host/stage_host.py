@@ -209,8 +209,14 @@ class StageHost:
             with self._engine_lock:
                 if aborts:
                     self.engine.abort(aborts)  # aborted requests are not reported
-                rejected = [r for r in map(self._add, accepted) if r is not None]
-                rejected += self._extend(pieces)
+                rejected, started = [], []
+                for stage_input in accepted:
+                    result = self._add(stage_input)
+                    if result is not None:
+                        rejected.append(result)
+                    elif self._inputs.started(stage_input.request_id):
+                        started.append(stage_input.request_id)  # its pieces may flow now
+                rejected += self._extend(pieces, started)
                 events: list[StageEvent] = [self._finished(r) for r in failed + rejected]
                 if self.engine.has_ready_work:
                     events.extend(self._step())
@@ -236,10 +242,10 @@ class StageHost:
             return self._error(rid, why, stage_input.prompt_token_ids)
         return None
 
-    def _extend(self, pieces: list[RoutedDelta]) -> list[StageResult]:
+    def _extend(self, pieces: list[RoutedDelta], started_ids: list[str]) -> list[StageResult]:
         """Hand the engine every piece that is next in its request's upstream order; a piece
         that fails fails its request alone (an error result)."""
-        failed = self._inputs.extend(self.engine, pieces)
+        failed = self._inputs.extend(self.engine, pieces, started_ids)
         return [self._error(request_id, why) for request_id, why in failed]
 
     def _step(self) -> list[StageEvent]:

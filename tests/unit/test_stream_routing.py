@@ -8,6 +8,7 @@ import torch
 
 from omni import registry
 from omni.config import load_config
+from omni.core.sampling_params import SamplingParams
 from omni.driver.router import Router
 from omni.host.piece_order import PieceOrder
 from omni.messages import (
@@ -129,3 +130,77 @@ def test_piece_order_holds_early_pieces_and_drops_late_ones():
     assert [p.offset for p in released] == [2, 3, 4, 5] and len(order) == 0
     order.end("r")
     assert order.ready([_piece(6, [7])]) == [] and len(order) == 0  # ended: dropped, not held
+
+
+class RecordingEngine:
+    """The Engine contract, recording what the host hands it (no model)."""
+
+    name = "b"
+
+    def __init__(self) -> None:
+        self.added: list[StageInput] = []
+        self.deltas: list = []
+
+    def add_request(self, stage_input):
+        self.added.append(stage_input)
+
+    def extend_request(self, delta):
+        if delta.request_id not in {s.request_id for s in self.added}:
+            raise ValueError(f"request {delta.request_id!r} is not in stage 'b'")
+        self.deltas.append(delta)
+
+    def abort(self, request_ids):
+        return []
+
+    def fail_all(self):
+        return []
+
+    def step(self):
+        raise AssertionError("nothing to step")
+
+    has_unfinished = has_ready_work = False
+    num_requests = 0
+
+    def stats(self):
+        return {}
+
+
+def _delta(piece):
+    from omni.messages import InputDelta
+
+    return InputDelta(piece.request_id, list(piece.token_ids), finished=piece.finished)
+
+
+def test_a_host_holds_pieces_until_its_engine_holds_the_request(join_processor, monkeypatch):
+    """Ray's call threads may deliver a piece (even the last one) before the request's first
+    input reaches the engine: it waits, and flows once the engine has the request."""
+    from omni.host.stage_host import StageHost
+
+    monkeypatch.setitem(
+        registry.EDGE_STREAMING, "join", registry.EdgeStreaming(1, False, f"{__name__}:_delta")
+    )
+    config = load_config(
+        {
+            "stages": [
+                {"name": "a", "model": "m"},
+                {"name": "b", "model": "m", "inputs": ["a"], "input_processor": "join"},
+            ]
+        },
+        check_models=False,
+    ).stage("b")
+    engine = RecordingEngine()
+    processors = {"join": lambda upstream, prompt: StageInput(prompt.request_id, [1])}
+    host = StageHost(config, processors, engine=engine, threaded=False)
+    last = StageResult("r", "a", [], [8, 9], "stopped")
+    host.submit([RoutedDelta("r", last, 2)])
+    host.run_once()
+    assert engine.deltas == [] and host.poll(0) == []  # held, not failed
+    partial = StageResult("r", "a", [5], [6, 7], None)
+    routed = RoutedInput(
+        "r", {"a": partial}, PromptInput("r", [5]), SamplingParams(), streaming=True
+    )
+    host.submit([routed])
+    host.run_once()
+    assert [s.request_id for s in engine.added] == ["r"] and not engine.added[0].input_complete
+    assert [(d.new_token_ids, d.finished) for d in engine.deltas] == [([8, 9], True)]
+    assert host.poll(0) == []
