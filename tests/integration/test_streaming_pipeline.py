@@ -116,3 +116,20 @@ def test_streaming_speech_matches_transformers(omni_dir, reference):
     # Streaming off: the exact whole-sequence path.
     assert exact.stages["talker"].token_ids == reference.codes
     torch.testing.assert_close(exact.final.audio, reference.wav, atol=1e-4, rtol=1e-3)
+
+
+def test_streaming_under_preemption_keeps_the_codes(omni_dir):
+    """A talker pool too small for four streaming requests preempts them (recompute stops at
+    each one's input limit); the codes still equal the unstreamed run with a roomy pool."""
+    prompts = [f"request number {i}: tell me something about the number {i}" for i in range(4)]
+    params = [PARAMS[0], SamplingParams(max_tokens=60, stop_token_ids=(8292, 8294)), PARAMS[2]]
+    with Omni(model=omni_dir, runtime={"backend": "local"}) as omni:
+        reference = omni.generate(prompts, params, use_tqdm=False)
+    tiny_pool = {"stages.talker.engine.num_blocks": 10, "stages.talker.engine.block_size": 16}
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **tiny_pool) as omni:
+        streamed = omni.generate(prompts, params, use_tqdm=False, stream_audio=True)
+        assert omni.stats()["talker"]["preemptions"] > 0
+    for want, got in zip(reference, streamed, strict=True):
+        assert got.error is None, got.error
+        assert got.stages["talker"].token_ids == want.stages["talker"].token_ids
+        assert len(got.final.audio) == len(want.final.audio)
