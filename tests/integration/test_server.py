@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
-import json
 import threading
 import time
 import wave
@@ -246,55 +245,6 @@ def test_completions_plain_lm(lm_client, dirs):
     assert full.usage.completion_tokens == 6
     chat = lm_client.chat.completions.create(model=LM_NAME, messages=_messages("hi"), max_tokens=3)
     assert chat.usage.completion_tokens <= 3
-
-
-def test_speech(client, servers):
-    wav = client.audio.speech.create(model=OMNI_NAME, input="Hello there!", voice="Chelsie")
-    with wave.open(io.BytesIO(wav.read())) as w:
-        assert w.getframerate() == 24000 and w.getnframes() > 0
-        frames = w.getnframes()
-    pcm = client.audio.speech.create(
-        model=OMNI_NAME, input="Hello there!", voice="Chelsie", response_format="pcm"
-    )
-    pcm_bytes = pcm.read()
-    assert len(pcm_bytes) == 2 * frames  # the same request, greedy: the same audio
-    events = []
-    with httpx.stream(
-        "POST",
-        servers["omni"].base_url + "/v1/audio/speech",
-        headers={"Authorization": f"Bearer {KEY}"},
-        json={
-            "model": OMNI_NAME,
-            "input": "Hello there!",
-            "voice": "Chelsie",
-            "response_format": "pcm",
-            "stream_format": "sse",
-        },
-        timeout=60,
-    ) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(json.loads(line[6:]))
-    assert [e["type"] for e in events][-1] == "speech.audio.done"
-    data = b"".join(
-        base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"
-    )
-    assert len(data) == 2 * frames  # streamed (pcm): the streaming path, the same length
-    body = {"model": OMNI_NAME, "input": "Hello there!", "voice": "Chelsie"}
-    with httpx.stream(
-        "POST",
-        servers["omni"].base_url + "/v1/audio/speech",
-        headers={"Authorization": f"Bearer {KEY}"},
-        json={**body, "response_format": "pcm", "stream_format": "audio"},
-        timeout=60,
-    ) as r:
-        assert r.headers["content-type"] == "audio/pcm"
-        raw = b"".join(r.iter_bytes())
-    assert len(raw) == 2 * frames
-    # Streamed and exact audio of the same codes agree closely (docs/streaming.md's bound).
-    streamed = np.frombuffer(raw, dtype="<i2").astype(np.float64)
-    exact = np.frombuffer(pcm_bytes, dtype="<i2").astype(np.float64)
-    assert np.abs(streamed - exact).max() <= 0.02 * 32767
 
 
 def test_bad_requests_name_the_field(servers, client):

@@ -2,7 +2,8 @@
 chat completions with `stream: true` and audio send the waveform as the vocoder decodes it, in
 `delta.audio` pieces of new pcm16 samples, with the text as `delta.content` and
 `delta.audio.transcript`; the audio closes with an `expires_at` delta; formats other than pcm16
-cannot be streamed (400 naming `audio.format`).
+cannot be streamed (400 naming `audio.format`). `/v1/audio/speech`: wav and pcm, and streamed pcm
+(sse events or raw bytes) from the streaming path.
 
 The reference is `Omni.generate(..., stream_audio=True)` in this process on the prompt the server
 builds, with the same per-stage sampling: the same streaming path, so the same waveform (within
@@ -12,7 +13,11 @@ one int16 step: both sides round the same floats, computed in two processes).
 from __future__ import annotations
 
 import base64
+import io
+import json
+import wave
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -154,3 +159,56 @@ def test_streamed_audio_must_be_pcm16(running):
         extra_body=_sampling(8),
     )
     assert base64.b64decode(out.choices[0].message.audio.data)[:4] == b"RIFF"
+
+
+def test_speech(running):
+    """/v1/audio/speech: wav and pcm from the exact path; pcm streamed (sse or raw) from the
+    streaming path, the same length and close to the exact samples."""
+    client, _ = running
+    speech_url = str(client.base_url).rstrip("/") + "/audio/speech"
+    wav = client.audio.speech.create(model=OMNI_NAME, input="Hello there!", voice="Chelsie")
+    with wave.open(io.BytesIO(wav.read())) as w:
+        assert w.getframerate() == 24000 and w.getnframes() > 0
+        frames = w.getnframes()
+    pcm = client.audio.speech.create(
+        model=OMNI_NAME, input="Hello there!", voice="Chelsie", response_format="pcm"
+    )
+    pcm_bytes = pcm.read()
+    assert len(pcm_bytes) == 2 * frames  # the same request, greedy: the same audio
+    events = []
+    with httpx.stream(
+        "POST",
+        speech_url,
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={
+            "model": OMNI_NAME,
+            "input": "Hello there!",
+            "voice": "Chelsie",
+            "response_format": "pcm",
+            "stream_format": "sse",
+        },
+        timeout=60,
+    ) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    assert [e["type"] for e in events][-1] == "speech.audio.done"
+    data = b"".join(
+        base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"
+    )
+    assert len(data) == 2 * frames  # streamed (pcm): the streaming path, the same length
+    body = {"model": OMNI_NAME, "input": "Hello there!", "voice": "Chelsie"}
+    with httpx.stream(
+        "POST",
+        speech_url,
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={**body, "response_format": "pcm", "stream_format": "audio"},
+        timeout=60,
+    ) as r:
+        assert r.headers["content-type"] == "audio/pcm"
+        raw = b"".join(r.iter_bytes())
+    assert len(raw) == 2 * frames
+    # Streamed and exact audio of the same codes agree closely (docs/streaming.md's bound).
+    streamed = np.frombuffer(raw, dtype="<i2").astype(np.float64)
+    exact = np.frombuffer(pcm_bytes, dtype="<i2").astype(np.float64)
+    assert np.abs(streamed - exact).max() <= 0.02 * 32767
