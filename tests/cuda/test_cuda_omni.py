@@ -21,10 +21,12 @@ from omni.config import load_config
 from omni.engine import StageEngine
 from stages.qwen2_5_omni.processors import _before_eos
 from tests.integration.omni_reference import load_hf, run_generate
-from tests.integration.test_omni_pipeline import PARAMS, SEED, TALKER_TOKENS, THINKER_TOKENS
+from tests.integration.test_omni_pipeline import (
+    PARAMS,
+    build_references,
+)
 from tests.integration.test_omni_pipeline import _cases as pipeline_cases
 from tests.integration.test_omni_talker import PROMPT, SHORT, talker_input
-from tools.omni_preprocess import OmniPreprocessor
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 
@@ -49,24 +51,7 @@ def _overrides(caching: bool, output_cache_device: str, dtype: str | None) -> di
 
 @pytest.fixture(scope="module")
 def references(omni_dir):
-    model = load_hf(omni_dir)
-    model.thinker.generation_config.eos_token_id = None  # exactly THINKER_TOKENS on both sides
-    pre = OmniPreprocessor(omni_dir)
-    refs = {}
-    for name, (_, text, media) in pipeline_cases().items():
-        inputs = pre(text, **media)
-        kwargs = pre.generate_kwargs(inputs)
-        ids = kwargs.pop("input_ids")[0].tolist()
-        kwargs.pop("attention_mask", None)
-        refs[name] = run_generate(
-            model,
-            [ids],
-            thinker_tokens=THINKER_TOKENS,
-            talker_tokens=TALKER_TOKENS,
-            seed=SEED,
-            media=kwargs,
-        )[0]
-    return refs
+    return build_references(omni_dir)
 
 
 def _check_audio(out, omni: Omni) -> None:

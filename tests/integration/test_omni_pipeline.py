@@ -51,8 +51,8 @@ def _cases() -> dict[str, tuple[dict, str, dict]]:
     }
 
 
-@pytest.fixture(scope="module")
-def references(omni_dir):
+def build_references(omni_dir: str) -> dict:
+    """transformers' generate on every case (also the GPU tests' oracle: tests/cuda)."""
     model = load_hf(omni_dir)
     model.thinker.generation_config.eos_token_id = None  # exactly THINKER_TOKENS on both sides
     pre = OmniPreprocessor(omni_dir)
@@ -71,6 +71,11 @@ def references(omni_dir):
             media=kwargs,
         )[0]
     return refs
+
+
+@pytest.fixture(scope="module")
+def references(omni_dir):
+    return build_references(omni_dir)
 
 
 @pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
