@@ -45,10 +45,9 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from omni_bench_support import CODEC_EOS, SEED, SUBJECTS, _param_shapes, table  # noqa: E402
+from omni_bench_support import CODEC_EOS, SEED, SUBJECTS, prepare_model, table  # noqa: E402
 
 from omni import AsyncOmni, SamplingParams  # noqa: E402
-from tools.make_tiny_checkpoint import ensure_checkpoint  # noqa: E402
 
 STAGES = ("thinker", "talker", "token2wav")
 
@@ -239,15 +238,9 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if not levels or min(levels) < 1:
         parser.error(f"--concurrency needs positive integers, got {args.concurrency!r}")
-    torch.set_num_threads(args.threads)
-    model_dir = args.model or str(ensure_checkpoint("qwen2_5_omni", args.size))
-    params = sum(int(np.prod(v)) for v in _param_shapes(model_dir))
-    size = f"{args.size if args.model is None else model_dir} ({params / 1e6:.1f} M parameters)"
+    model_dir, setup = prepare_model(args)
     print("# AsyncOmni concurrency sweep, Qwen2.5-Omni pipeline (random weights)")
-    print(
-        f"model {size}, torch threads {args.threads} (of {os.cpu_count()} CPUs), backend "
-        f"{args.backend}, float32, torch {torch.__version__}"
-    )
+    print(f"{setup}, torch {torch.__version__}")
     print(
         f"{args.requests} requests per level, concurrency {levels}; thinker {args.thinker_tokens} "
         f"tokens (ignore_eos), talker <= {args.talker_tokens} codes (greedy, stop {CODEC_EOS}), "

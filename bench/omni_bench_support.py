@@ -1,7 +1,7 @@
 """Shared parts of bench/omni_pipeline.py and its parts (omni_prefix.py, omni_streaming.py):
 its prompt material, building requests and the Omni with our stream loop, the transformers
 side of the comparison (one full `generate` per request, observed from the inside, run in a
-child process), CPU accounting and table printing."""
+child process), CPU accounting, table printing and the checkpoint and header line of a run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ import torch
 from PIL import Image
 
 from omni import Omni, SamplingParams
+from tools.make_tiny_checkpoint import count_parameters, ensure_checkpoint
 from tools.omni_preprocess import OmniPreprocessor
 
 CODEC_EOS = (8292, 8294)  # codec pad / codec end: where transformers' talker generate stops
@@ -286,13 +286,12 @@ def table(header, rows) -> None:
         print("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |")
 
 
-def _param_shapes(model_dir: str):
-    """Tensor shapes from the safetensors headers (no weights loaded)."""
-    import json
-    import struct
-
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        yield from (v["shape"] for k, v in header.items() if k != "__metadata__")
+def prepare_model(args) -> tuple[str, str]:
+    """Set torch's threads (--threads) and find the checkpoint (--model, or the cached one of
+    --size); return its directory and the start of the run's description line."""
+    torch.set_num_threads(args.threads)
+    model_dir = args.model or str(ensure_checkpoint("qwen2_5_omni", args.size))
+    params = count_parameters(model_dir)
+    size = f"{args.size if args.model is None else model_dir} ({params / 1e6:.1f} M parameters)"
+    threads = f"torch threads {args.threads} (of {os.cpu_count()} CPUs)"
+    return model_dir, f"model {size}, {threads}, backend {args.backend}, float32"

@@ -57,26 +57,23 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import argparse  # noqa: E402
 import time  # noqa: E402
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from omni_bench_support import (  # noqa: E402
     CODEC_EOS,
     SEED,
-    _param_shapes,
     cpu_clock,
     hf_throughput,
     in_child,
     make_omni,
     mixed_requests,
     other_cores,
+    prepare_model,
     run_ours,
     stage_params,
     table,
 )
 from omni_prefix import prefix_section  # noqa: E402
 from omni_streaming import concurrency_section  # noqa: E402
-
-from tools.make_tiny_checkpoint import ensure_checkpoint  # noqa: E402
 
 
 # ---- 1. throughput -------------------------------------------------------------------------------
@@ -182,14 +179,10 @@ def main() -> None:
         help="leave a part out (repeatable)",
     )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    model_dir = args.model or str(ensure_checkpoint("qwen2_5_omni", args.size))
-    params = sum(int(np.prod(v)) for v in _param_shapes(model_dir))
-    size = f"{args.size if args.model is None else model_dir} ({params / 1e6:.1f} M parameters)"
+    model_dir, setup = prepare_model(args)
     print("# Qwen2.5-Omni pipeline benchmark (random weights)")
     print(
-        f"model {size}, torch threads {args.threads} (of {os.cpu_count()} CPUs), backend "
-        f"{args.backend}, float32, talker input path {args.talker_mode}, torch {torch.__version__}, "
+        f"{setup}, talker input path {args.talker_mode}, torch {torch.__version__}, "
         f"load average at start {os.getloadavg()[0]:.2f}"
     )
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Helpers of bench/gpu.py: random-weight checkpoints at real layouts, step timers, device info.
+"""Random-weight checkpoints at real layouts for bench/gpu.py, built once and cached.
 
 Checkpoints (built once into the checkpoint cache of tools/make_tiny_checkpoint.py, then reused):
 
@@ -20,13 +20,8 @@ Checkpoints (built once into the checkpoint cache of tools/make_tiny_checkpoint.
 from __future__ import annotations
 
 import contextlib
-import os
 import pathlib
-import platform
-import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
@@ -39,7 +34,6 @@ BUILD_VERSION = "1"
 _VERSION_FILE = ".gpu_bench_version"
 DECODER_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOKENIZER_VOCAB = 2048  # BPE tokens of the 7b/0.5b tokenizers (the embeddings stay full size)
-GIB = 1024**3
 
 # Qwen2.5-Omni-7B's published config.json (values that differ from transformers' defaults are
 # spelled out; the DiT and BigVGAN defaults are the 7B's).
@@ -89,7 +83,6 @@ QWEN2_0_5B = dict(
 )  # fmt: skip
 
 
-# ---- checkpoints ---------------------------------------------------------------------------------
 def _marker_ok(path: pathlib.Path) -> bool:
     marker = path / _VERSION_FILE
     return marker.is_file() and marker.read_text().strip() == BUILD_VERSION
@@ -133,43 +126,43 @@ def _build_on(device: str, dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+# The token-id fields of the composite config, as tools/tiny_omni.py's config sets them (they do
+# not depend on the layout): the multimodal ids of thinker and talker, the talker's tts and codec.
+MM_IDS = (
+    "image_token_index", "video_token_index", "audio_token_index", "vision_start_token_id",
+    "vision_end_token_id", "audio_start_token_id", "audio_end_token_id",
+)  # fmt: skip
+THINKER_IDS = (*MM_IDS, "user_token_id", "pad_token_id")
+TALKER_IDS = (
+    *MM_IDS, "tts_text_start_token_id", "tts_text_end_token_id", "tts_text_pad_token_id",
+    "tts_codec_start_token_id", "tts_codec_end_token_id", "tts_codec_pad_token_id",
+    "tts_codec_mask_token_id",
+)  # fmt: skip
+
+
 def omni_7b_config(ids: dict[str, int]) -> Any:
-    """The Qwen2.5-Omni-7B layout with our tokenizer's special-token ids."""
+    """The Qwen2.5-Omni-7B layout with our tokenizer's special-token ids, in the fields where
+    tools/tiny_omni.omni_config puts them (its tiny config is built only to read them off)."""
     from transformers import Qwen2_5OmniConfig
 
+    from tools.tiny_omni import omni_config
+
+    tiny = omni_config("tiny", ids)
+
+    def fields(config: Any, names: tuple[str, ...]) -> dict[str, Any]:
+        return {name: getattr(config, name) for name in names}
+
     d = OMNI_7B
-    mm = dict(
-        image_token_index=ids["<|IMAGE|>"],
-        video_token_index=ids["<|VIDEO|>"],
-        audio_token_index=ids["<|AUDIO|>"],
-        vision_start_token_id=ids["<|vision_bos|>"],
-        vision_end_token_id=ids["<|vision_eos|>"],
-        audio_start_token_id=ids["<|audio_bos|>"],
-        audio_end_token_id=ids["<|audio_eos|>"],
+    text = dict(
+        d["text"], **fields(tiny.thinker_config.text_config, ("eos_token_id", "pad_token_id"))
     )
-    text = dict(d["text"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
     thinker = dict(
         text_config=text,
         vision_config=d["vision"],
         audio_config=d["audio"],
-        user_token_id=ids["<|im_start|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        **mm,
+        **fields(tiny.thinker_config, THINKER_IDS),
     )
-    from tools.tiny_omni import CODEC
-
-    talker = dict(
-        d["talker"],
-        tts_text_start_token_id=ids["<|tts_bos|>"],
-        tts_text_end_token_id=ids["<|tts_eos|>"],
-        tts_text_pad_token_id=ids["<|tts_pad|>"],
-        tts_codec_start_token_id=CODEC["start"],
-        tts_codec_end_token_id=CODEC["end"],
-        tts_codec_pad_token_id=CODEC["pad"],
-        tts_codec_mask_token_id=CODEC["mask"],
-        spatial_merge_size=2,
-        **mm,
-    )
+    talker = dict(d["talker"], spatial_merge_size=2, **fields(tiny.talker_config, TALKER_IDS))
     return Qwen2_5OmniConfig(
         thinker_config=thinker,
         talker_config=talker,
@@ -284,170 +277,3 @@ def decoder_checkpoint(layout: str, device: str, seed: int = 0) -> pathlib.Path:
             build_decoder_0_5b(tmp, device, seed)
 
     return _cached(f"gpu-bench-qwen2-0.5b-seed{seed}", build)
-
-
-# ---- timing the live engine ----------------------------------------------------------------------
-@dataclass
-class StepRecord:
-    """One StageEngine.step, split into its parts (seconds)."""
-
-    batch: int  # requests scheduled
-    tokens: int  # tokens fed
-    decode: bool  # every scheduled request fed exactly one token
-    schedule_s: float = 0.0
-    execute_s: float = 0.0
-    update_s: float = 0.0
-    step_s: float = 0.0
-    host_s: float = 0.0  # StageHost.run_once around the step (inbox, events): the whole turn
-    schedule_cpu_s: float = 0.0  # thread CPU time of schedule
-    update_cpu_s: float = 0.0  # thread CPU time of update
-
-
-@dataclass
-class StepTimer:
-    """Wraps a live engine's `scheduler.schedule`, `runner.execute`, `update` and `step`, and
-    its host's `run_once`, with timers (instance attributes shadow the methods, so the engine's
-    own `self.scheduler.schedule()` / `self.update(...)` calls go through them).
-
-    Wall time (perf_counter) for every part, plus the stepping thread's CPU time
-    (time.thread_time) for schedule and update: they do no device work, so their CPU time is
-    what the host spends on scheduling and bookkeeping per step."""
-
-    records: list[StepRecord] = field(default_factory=list)
-    _current: StepRecord | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _wrapped: list[tuple[Any, str]] = field(default_factory=list)
-
-    def install(self, host: Any) -> None:
-        engine = host.engine
-        scheduler, runner = engine.scheduler, engine.runner
-        schedule, execute = scheduler.schedule, runner.execute
-        update, step, run_once = engine.update, engine.step, host.run_once
-
-        def timed_schedule(*a: Any, **kw: Any) -> Any:
-            w0, c0 = time.perf_counter(), time.thread_time()
-            out = schedule(*a, **kw)
-            w1, c1 = time.perf_counter(), time.thread_time()
-            tokens = sum(len(e.token_ids) for e in out.scheduled)
-            decode = bool(out.scheduled) and tokens == len(out.scheduled)
-            record = StepRecord(len(out.scheduled), tokens, decode, w1 - w0)
-            record.schedule_cpu_s = c1 - c0
-            self._current = record
-            return out
-
-        def timed_execute(*a: Any, **kw: Any) -> Any:
-            w0 = time.perf_counter()
-            out = execute(*a, **kw)
-            if self._current is not None:
-                self._current.execute_s = time.perf_counter() - w0
-            return out
-
-        def timed_update(*a: Any, **kw: Any) -> Any:
-            w0, c0 = time.perf_counter(), time.thread_time()
-            out = update(*a, **kw)
-            if self._current is not None:
-                self._current.update_s = time.perf_counter() - w0
-                self._current.update_cpu_s = time.thread_time() - c0
-            return out
-
-        def timed_step(*a: Any, **kw: Any) -> Any:
-            self._current = None
-            w0 = time.perf_counter()
-            out = step(*a, **kw)
-            if self._current is not None:
-                self._current.step_s = time.perf_counter() - w0
-            return out
-
-        def timed_run_once(*a: Any, **kw: Any) -> Any:
-            self._current = None
-            w0 = time.perf_counter()
-            out = run_once(*a, **kw)
-            record, self._current = self._current, None
-            if record is not None and record.step_s > 0:
-                record.host_s = time.perf_counter() - w0
-                with self._lock:
-                    self.records.append(record)
-            return out
-
-        scheduler.schedule, runner.execute = timed_schedule, timed_execute
-        engine.update, engine.step, host.run_once = timed_update, timed_step, timed_run_once
-        self._wrapped = [
-            (scheduler, "schedule"),
-            (runner, "execute"),
-            (engine, "update"),
-            (engine, "step"),
-            (host, "run_once"),
-        ]
-
-    def uninstall(self) -> None:
-        """Drop the wrappers: the class's methods show through again."""
-        for obj, name in self._wrapped:
-            delattr(obj, name)
-        self._wrapped.clear()
-
-    def take(self) -> list[StepRecord]:
-        with self._lock:
-            records, self.records = self.records, []
-        return records
-
-
-# ---- device --------------------------------------------------------------------------------------
-def cpu_name() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def device_line(device: str) -> str:
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        return (
-            f"device: {torch.cuda.get_device_name(0)} ({props.total_memory / GIB:.1f} GiB, "
-            f"compute capability {props.major}.{props.minor}, {props.multi_processor_count} SMs), "
-            f"torch {torch.__version__}, CUDA {torch.version.cuda}; host CPU {cpu_name()} "
-            f"({os.cpu_count()} cores)"
-        )
-    return (
-        f"device: CPU, {cpu_name()} ({os.cpu_count()} cores, torch threads "
-        f"{torch.get_num_threads()}), torch {torch.__version__}"
-    )
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def reset_peak(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def peak_gib(device: str) -> float | None:
-    """torch.cuda.max_memory_allocated since the last reset_peak, in GiB (None on the CPU)."""
-    if device != "cuda":
-        return None
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() / GIB
-
-
-def allocated_gib(device: str) -> float | None:
-    if device != "cuda":
-        return None
-    return torch.cuda.memory_allocated() / GIB
-
-
-def release(device: str) -> None:
-    """Return freed blocks to the driver after a model is dropped."""
-    import gc
-
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-
-
-def gib(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}"
