@@ -124,6 +124,8 @@ def omni_engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides[f"stages.{stage}.engine.max_num_batched_tokens"] = args.max_num_batched_tokens
         overrides[f"stages.{stage}.engine.num_blocks"] = blocks_for(seqs, tokens)
         overrides[f"stages.{stage}.engine.max_model_len"] = max(4096, tokens + 16)
+    # On a GPU a batch of chunks costs about one: no code budget short of the batch itself.
+    overrides["stages.token2wav.engine.max_num_batched_tokens"] = 1 << 20
     if args.t2w_batch:
         overrides["stages.token2wav.engine.max_num_seqs"] = args.t2w_batch
     return overrides

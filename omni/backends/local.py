@@ -1,5 +1,8 @@
 """The local backend: every stage's host in this process, all stepped by one thread.
 
+Which host steps next is omni/backends/stage_turns.py: a vocoder's first chunks first, otherwise
+turns by stepping time, so the vocoder's long steps do not hold back the talker's short ones.
+
 One stepping thread, not one per stage, and it also loads the models: torch's OpenMP runtime
 keeps a thread team per calling thread, and once a process has more OpenMP threads than cores,
 libgomp throttles their spin-waiting, so every parallel region pays a wake-up (measured on 2
@@ -11,9 +14,11 @@ stages overlap only under the Ray backend, where each has its own process and co
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from omni.backends.stage_turns import StageTurns
 from omni.config import OmniConfig
 from omni.host import Processor, StageHost
 from omni.messages import RoutedDelta, RoutedInput, StageDied, StageEvent, StageInput, StageResult
@@ -68,20 +73,29 @@ class LocalBackend:
             self._cond.notify_all()
 
     def _step_all(self) -> None:
-        """Each host with work takes one turn (one engine step), in stage order, round after
-        round; with no work anywhere, sleep until some arrives."""
+        """Step one host at a time, the one StageTurns picks among those with work; with no
+        work anywhere, sleep until some arrives."""
+        turns = StageTurns(self.hosts)
         while True:
             with self._cond:
                 if self._stopped:
                     return
                 seen = self._num_wakeups
-            worked = False
-            for host in list(self.hosts.values()):
-                if host.alive and host.has_work:
-                    host.run_once()
-                    worked = True
-            if not worked:
+            hosts = [host for host in self.hosts.values() if host.alive]
+            for host in hosts:  # inputs first: a piece of codes may make a first chunk ready
+                if host.has_inputs:
+                    start = time.perf_counter()
+                    host.run_once(step=False)
+                    turns.charge(host.name, time.perf_counter() - start)
+            ready = [host.name for host in hosts if host.has_work]
+            urgent = [host.name for host in hosts if host.name in ready and host.has_urgent_work]
+            name = turns.pick(ready, urgent)
+            if name is None:
                 self._wait_for_work(seen)
+                continue
+            start = time.perf_counter()
+            self.hosts[name].run_once()
+            turns.charge(name, time.perf_counter() - start)
 
     def _wait_for_work(self, seen: int) -> None:
         with self._cond:

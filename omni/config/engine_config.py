@@ -33,7 +33,8 @@ class EngineConfig:
     max_num_seqs: int = 32
     """Most requests running in one step."""
     max_num_batched_tokens: int = 2048
-    """Most tokens fed in one step; longer prompts are prefilled in chunks."""
+    """Most tokens fed in one step; longer prompts are prefilled in chunks. A generation stage:
+    most codes decoded in one step, chunks with their context and padding (one item always runs)."""
     max_model_len: int | None = None
     """Longest sequence (prompt + generated tokens) a request may reach; null means the
     checkpoint's max_position_embeddings (4096 when it has none)."""

@@ -4,9 +4,12 @@ A streaming request (`Stream`: input_complete=False, its codes arriving as the u
 generates them) is decoded in chunks: chunk k covers codes [b_k, b_{k+1}), b_0 = 0,
 b_1 = stream.first_chunk_size, later chunks stream.chunk_size long, and is ready once its codes
 and `look_ahead` more have come, or the input is complete (the last chunk takes what is left).
-A step takes up to `engine.max_num_seqs` items (`Work`) ranked by chunk index, then arrival: a
-request's first audio goes ahead of other requests' later chunks, and a whole request counts as
-chunk 0. Each decode also sees `left_context` codes before its chunk and the `look_ahead` after.
+A step takes each stream's next ready chunk and the oldest whole request (`Work` items), up to
+`engine.max_num_seqs` of them ranked by chunk index, then arrival, and at most
+`engine.max_num_batched_tokens` codes in all (a window counted with its context, a batch as
+its longest window times its size, since shorter ones are padded to it): a request's
+first audio goes ahead of other requests' later chunks, and a whole request counts as chunk 0.
+Each decode also sees `left_context` codes before its chunk and the `look_ahead` after.
 """
 
 from __future__ import annotations
@@ -60,15 +63,51 @@ class ChunkSchedule:
         self, pending: Mapping[str, tuple[StageInput, float, int]], streams: Mapping[str, Stream]
     ) -> list[Work]:
         """The step's items: ready ones ranked (chunk index, arrival), at most max_num_seqs.
-        pending: the whole requests, oldest first, as (input, arrival time, arrival order). A
-        stream's chunks rank in their order, so a taken chunk's predecessors are taken too."""
+        pending: the whole requests, oldest first, as (input, arrival time, arrival order)."""
         # At most one whole-sequence decode per step: they run one by one anyway, and each
         # waveform then leaves as soon as it is done instead of waiting for the others.
         whole = list(pending.items())[:1]
         work = [Work((0, order), rid) for rid, (_, _, order) in whole]
+        # A stream's next chunk only, even when more are ready: its audio then arrives chunk by
+        # chunk instead of in one piece after a longer step; the batch is across requests.
         for rid, stream in streams.items():
-            work += [Work((i, stream.order), rid, s, e) for i, s, e in self.ready_chunks(stream)]
-        return sorted(work, key=lambda w: w.rank)[: self.config.engine.max_num_seqs]
+            work += [
+                Work((i, stream.order), rid, s, e) for i, s, e in self.ready_chunks(stream)[:1]
+            ]
+        ranked = sorted(work, key=lambda w: w.rank)[: self.config.engine.max_num_seqs]
+        # A step decodes at most max_num_batched_tokens codes, so that it is short enough for a
+        # new request's first chunk not to wait long behind it. The chunks of one batch are
+        # padded to its longest window, and padding costs as much as codes: count it. The first
+        # item is always taken, and no later one jumps the rank order to fit.
+        taken: list[Work] = []
+        whole_codes = longest = num_chunks = 0
+        for item in ranked:
+            size = self.window_size(item, pending, streams)
+            if item.end == 0:
+                cost = whole_codes + size + num_chunks * longest
+            else:
+                cost = whole_codes + (num_chunks + 1) * max(longest, size)
+            if taken and cost > self.config.engine.max_num_batched_tokens:
+                break
+            taken.append(item)
+            if item.end == 0:
+                whole_codes += size
+            else:
+                longest, num_chunks = max(longest, size), num_chunks + 1
+        return taken
+
+    def window_size(
+        self,
+        item: Work,
+        pending: Mapping[str, tuple[StageInput, float, int]],
+        streams: Mapping[str, Stream],
+    ) -> int:
+        """Codes one item decodes: a whole request's, or a chunk's with its context."""
+        if item.end == 0:
+            return len(pending[item.request_id][0].prompt_token_ids)
+        left, ahead = self.context()
+        num_tokens = len(streams[item.request_id].token_ids)
+        return min(item.end + ahead, num_tokens) - max(item.start - left, 0)
 
     def ready_chunks(self, stream: Stream) -> list[tuple[int, int, int]]:
         """(chunk index, start, end) of each chunk of the stream that can be decoded now."""

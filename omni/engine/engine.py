@@ -40,6 +40,11 @@ class Engine(Protocol):
         """Whether a step would do anything now (some request is not waiting for input)."""
 
     @property
+    def has_urgent_work(self) -> bool:
+        """Whether its next step should go ahead of other stages' where stages share a thread:
+        it gives some request its first chunk of streamed output."""
+
+    @property
     def num_requests(self) -> int:
         """Requests queued or running."""
 

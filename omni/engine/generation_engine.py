@@ -131,6 +131,14 @@ class GenerationEngine:
         )
 
     @property
+    def has_urgent_work(self) -> bool:
+        """Whether some stream's first chunk is ready (a few codes: its first audio). Whole
+        requests are not urgent: each is a long decode, and the stages before must not wait."""
+        return any(
+            not s.chunks and self.chunk_schedule.ready_chunks(s) for s in self._streams.values()
+        )
+
+    @property
     def num_requests(self) -> int:
         return len(self._pending) + len(self._streams)
 

@@ -198,6 +198,12 @@ class StageEngine:
         return self.scheduler.has_ready_work
 
     @property
+    def has_urgent_work(self) -> bool:
+        """Never: its steps are short, and turns by time already give a new request's prefill
+        the next turn (omni/backends/stage_turns.py)."""
+        return False
+
+    @property
     def num_requests(self) -> int:
         return len(self.scheduler.requests)
 

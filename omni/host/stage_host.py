@@ -192,10 +192,21 @@ class StageHost:
         """Whether a turn of the loop would do anything now."""
         return bool(self.engine.has_ready_work or self._inbox or self._aborts)
 
-    def run_once(self, wait_s: float = 0.0) -> bool:
+    @property
+    def has_urgent_work(self) -> bool:
+        """Whether its next step should go ahead of other stages' (Engine.has_urgent_work)."""
+        return self.engine.has_urgent_work
+
+    @property
+    def has_inputs(self) -> bool:
+        """Whether requests, pieces or aborts wait to be handed to the engine."""
+        return bool(self._inbox or self._aborts)
+
+    def run_once(self, wait_s: float = 0.0, *, step: bool = True) -> bool:
         """One turn of the loop: take new requests and aborts, step the engine once if it has
-        work, emit what came out. Waits up to wait_s for work first. False once stopped or
-        dead: the loop must never die silently, so `poll` reports why."""
+        work, emit what came out. Waits up to wait_s for work first. step=False takes the
+        inputs only (a thread shared by stages then sees what work they made). False once
+        stopped or dead: the loop must never die silently, so `poll` reports why."""
         try:
             with self._cond:
                 if not (self.has_work or self._stopped) and wait_s > 0:
@@ -218,7 +229,7 @@ class StageHost:
                         started.append(stage_input.request_id)  # its pieces may flow now
                 rejected += self._extend(pieces, started)
                 events: list[StageEvent] = [self._finished(r) for r in failed + rejected]
-                if self.engine.has_ready_work:
+                if step and self.engine.has_ready_work:
                     events.extend(self._step())
             self._emit_events(events)
             return True

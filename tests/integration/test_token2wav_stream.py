@@ -151,7 +151,11 @@ def engine(omni_dir, adapter, **stream) -> GenerationEngine:
         "model": omni_dir,
         "kind": "generation",
         "adapter": "qwen2_5_omni_token2wav",
-        "engine": {"seed": SEED, "max_num_seqs": stream.pop("max_num_seqs", 32)},
+        "engine": {
+            "seed": SEED,
+            "max_num_seqs": stream.pop("max_num_seqs", 32),
+            "max_num_batched_tokens": stream.pop("max_num_batched_tokens", 2048),
+        },
         "stream": {"first_chunk_size": 4, "chunk_size": 8, "left_context": 8, "look_ahead": 4},
     }
     stage["stream"].update(stream)
@@ -179,8 +183,9 @@ def test_engine_streams_chunks(omni_dir, adapter):
     with pytest.raises(ValueError, match="codec id"):
         stage.extend_request(InputDelta("s", [10**6]))  # refused, the request goes on
     stage.extend_request(InputDelta("s", codes[20:], finished=True))
-    output = stage.step()  # [12, 20), [20, 28) and the rest, [28, 30)
-    chunks += [u.audio for u in output.updates]
+    for _ in range(3):  # [12, 20), [20, 28) and the rest, [28, 30): a chunk per step
+        output = stage.step()
+        chunks += [u.audio for u in output.updates]
     assert [c.numel() for c in chunks] == [n * adapter.samples_per_code for n in (4, 8, 8, 8, 2)]
     (result,) = output.finished
     assert result.finish_reason == "stopped" and result.prompt_token_ids == codes
@@ -195,13 +200,43 @@ def test_engine_first_chunk_goes_first(omni_dir, adapter):
     stage = engine(omni_dir, adapter, max_num_seqs=1)
     codes = random_codes(16, seed=5)
     stage.add_request(streaming("old", codes[:8]))
+    assert stage.has_urgent_work  # its first chunk is ready
     assert [u.request_id for u in stage.step().updates] == ["old"]
     stage.extend_request(InputDelta("old", codes[8:]))  # old's chunk [4, 12) is ready
+    assert stage.has_ready_work and not stage.has_urgent_work
     stage.add_request(streaming("new", codes[:8]))  # and new's first chunk
+    assert stage.has_urgent_work
     assert [u.request_id for u in stage.step().updates] == ["new"]
+    assert not stage.has_urgent_work
     assert [u.request_id for u in stage.step().updates] == ["old"]
     (aborted,) = stage.abort(["old"])
     assert aborted.finish_reason == "aborted" and stage.num_requests == 1
+
+
+def test_engine_step_code_budget(omni_dir, adapter):
+    """A step decodes at most max_num_batched_tokens codes, windows counted with their context
+    (first chunks: 4 codes + 4 ahead) and a batch of chunks as its size times its longest
+    window; the first item always runs, and a whole request counts its codes."""
+    stage = engine(omni_dir, adapter, max_num_batched_tokens=12)
+    codes = random_codes(30, seed=6)
+    for rid in ("a", "b"):
+        stage.add_request(streaming(rid, codes[:8]))
+    assert [u.request_id for u in stage.step().updates] == ["a"]  # 8 + 8 > 12
+    assert [u.request_id for u in stage.step().updates] == ["b"]
+    stage.add_request(StageInput("whole", codes))  # 30 codes, over the budget: alone
+    stage.extend_request(InputDelta("a", codes[8:16]))  # a's [4, 12) needs [0, 16): 16 codes
+    output = stage.step()
+    assert [r.request_id for r in output.finished] == ["whole"] and not output.updates
+    assert [u.request_id for u in stage.step().updates] == ["a"]
+    big = engine(omni_dir, adapter, max_num_batched_tokens=24)
+    for rid in ("a", "b"):
+        big.add_request(streaming(rid, codes[:8]))
+    assert [u.request_id for u in big.step().updates] == ["a", "b"]  # 8 + 8
+    big.extend_request(InputDelta("a", codes[8:16]))
+    big.add_request(streaming("c", codes[:8]))
+    # c's first chunk (8 codes) padded to a's 16-code window: 2 x 16 > 24, although 8 + 16 fits.
+    assert [u.request_id for u in big.step().updates] == ["c"]
+    assert [u.request_id for u in big.step().updates] == ["a"]
 
 
 def test_engine_zero_code_stream(omni_dir, adapter):
