@@ -25,7 +25,8 @@ Three parts, each a function of (model dir, args) that runs its part and prints 
    first snapshot carrying audio, from the launch), end to end, RTF (the request's pipeline time
    per second of audio, timings["rtf"]) and requests/s, against transformers' generate on
    --hf-requests requests one by one (its first audio is its whole generate), and the issue's
-   target ratios (each level's "other CPU" says whether other processes disturbed it).
+   target ratios and the vocoder-bound throughput ceiling (each level's "other CPU" says whether
+   other processes disturbed it).
 
 What the parts share (prompt material, building requests and the Omni, our stream loop, the
 transformers side, CPU accounting, tables) is in bench/omni_bench_support.py. This file holds

@@ -289,3 +289,12 @@ def concurrency_section(model_dir: str, args) -> None:
             if max(others) > DISTURBED:  # timings that other processes slowed down say nothing
                 verdict += f" (unreliable: other processes took {max(others):.2f} cores)"
             print(f"  {name}: {label:<40} {value:6.2f}x (target {goal}): {verdict}")
+        # Our vocoder alone must still do its busy seconds per request, whatever the other
+        # stages do: the throughput no scheduling can beat while batching does not make it
+        # cheaper per audio second (on a CPU it does not).
+        busy = hi["counters"].get("token2wav busy_s", float("nan")) / len(hi["rows"])
+        ceiling = 1 / hf_rps / busy
+        print(
+            f"  {name}: {'vocoder-bound ceiling at C=' + str(high):<40} {ceiling:6.2f}x "
+            f"(transformers' s per request / our vocoder's busy s per request, {busy:.2f} s)"
+        )
