@@ -45,7 +45,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from omni_bench_support import CODEC_EOS, SEED, SUBJECTS, prepare_model, table  # noqa: E402
+from bench_table import table  # noqa: E402
+from omni_bench_support import CODEC_EOS, SEED, SUBJECTS, prepare_model  # noqa: E402
 
 from omni import AsyncOmni, SamplingParams  # noqa: E402
 

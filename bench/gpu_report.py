@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-from collections.abc import Sequence
 
 import numpy as np
+from bench_table import table
 from gpu_timing import StepRecord
 from gpu_workload import STAGES
 
@@ -26,14 +26,6 @@ def pct(values: list[float], q: float) -> float:
     """The q-th percentile, linearly interpolated (with few values p99 is about the max)."""
     clean = [v for v in values if not math.isnan(v)]
     return float(np.percentile(clean, q)) if clean else float("nan")
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in rows:
-        print("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |")
 
 
 def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) -> None:

@@ -278,14 +278,6 @@ def hit(pair: tuple[int, int]) -> str:
     return f"{cached}/{total} ({cached / total:.0%})"
 
 
-def table(header, rows) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in rows:
-        print("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |")
-
-
 def prepare_model(args) -> tuple[str, str]:
     """Set torch's threads (--threads) and find the checkpoint (--model, or the cached one of
     --size); return its directory and the start of the run's description line."""

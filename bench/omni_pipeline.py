@@ -59,6 +59,7 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
+from bench_table import table  # noqa: E402
 from omni_bench_support import (  # noqa: E402
     CODEC_EOS,
     SEED,
@@ -71,7 +72,6 @@ from omni_bench_support import (  # noqa: E402
     prepare_model,
     run_ours,
     stage_params,
-    table,
 )
 from omni_prefix import prefix_section  # noqa: E402
 from omni_streaming import concurrency_section  # noqa: E402

@@ -9,6 +9,7 @@ import statistics
 import time
 
 import numpy as np
+from bench_table import table
 from omni_bench_support import (
     QUESTIONS,
     SENTENCES,
@@ -18,7 +19,6 @@ from omni_bench_support import (
     mixed_requests,
     run_ours,
     stage_params,
-    table,
 )
 
 from omni import Omni

@@ -10,6 +10,7 @@ import asyncio
 import statistics
 import time
 
+from bench_table import table
 from omni_bench_support import (
     SEED,
     cpu_clock,
@@ -20,7 +21,6 @@ from omni_bench_support import (
     other_cores,
     pct,
     stage_params,
-    table,
 )
 
 from omni import Omni

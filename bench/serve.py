@@ -42,7 +42,8 @@ import time  # noqa: E402
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from omni_bench_support import CODEC_EOS, SEED, SUBJECTS, load_hf, table  # noqa: E402
+from bench_table import table  # noqa: E402
+from omni_bench_support import CODEC_EOS, SEED, SUBJECTS, load_hf  # noqa: E402
 
 from omni.entrypoints.openai.prompts import chat_prompt  # noqa: E402
 from tools.make_tiny_checkpoint import ensure_checkpoint  # noqa: E402
