@@ -172,7 +172,12 @@ def _attention_kernel(
 
 
 if HAVE_TRITON:
-    _kernel = triton.jit(_attention_kernel)
+    # Host integers that vary with the batch are not specialized on (Triton would compile a
+    # variant for 1 and for multiples of 16): one binary serves every CUDA-graph bucket, and no
+    # compile happens under live traffic for a batch size first seen then.
+    _kernel = triton.jit(
+        _attention_kernel, do_not_specialize=["num_seqs", "search_steps", "stride_bt"]
+    )
 
 
 @contextlib.contextmanager
@@ -229,6 +234,7 @@ def triton_paged_attention(
     *,
     block_q: int | None = None,
     step_cache: dict | None = None,
+    tile_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the packed queries against their paged contexts; returns
     [num_tokens, H, D] in the query dtype. No host sync. Index tensors may be int32 or int64 and
@@ -239,6 +245,9 @@ def triton_paged_attention(
     program has ROWS_PREFILL rows, or ROWS_DECODE when the batch is pure decode.
     step_cache: a dict shared by the calls of one step (every layer: same metadata) that keeps
     the tile table derived from query_start_loc, so that only the first layer computes it.
+    tile_starts: the tile table given by the caller ([num_seqs + 1] int32 on the device); for a
+    pure decode batch (one query token per sequence) it is arange(num_seqs + 1) for any block_q,
+    which a CUDA graph keeps in a static buffer instead of recomputing it in every replay.
     """
     if not HAVE_TRITON:
         raise RuntimeError("triton_paged_attention needs the triton package")
@@ -276,7 +285,8 @@ def triton_paged_attention(
     lens = seq_lens.to(device, non_blocking=True)
     tables = block_tables.to(device, non_blocking=True)
     # Per-sequence tile counts and their prefix sums, on the device (no sync).
-    tile_starts = None if step_cache is None else step_cache.get(("tile_starts", block_q))
+    if tile_starts is None and step_cache is not None:
+        tile_starts = step_cache.get(("tile_starts", block_q))
     if tile_starts is None:
         tiles = (starts[1:] - starts[:-1] + block_q - 1) // block_q
         tile_starts = torch.zeros(num_seqs + 1, dtype=torch.int32, device=device)

@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from omni.registry import register_adapter
-from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
+from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
 
 
@@ -56,13 +56,32 @@ class CausalLMAdapter(StageModelBase):
         self.eos_token_id = eos[0] if isinstance(eos, list) else eos
 
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
+        # Any packed batch runs the same body as a padded decode step.
+        return self.decode_forward(inputs.input_ids, inputs.positions.unsqueeze(0), inputs.attn)
+
+    def decode_forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+    ) -> ModelOutputs:
         out = self.model.model(
-            input_ids=inputs.input_ids.unsqueeze(0),
-            position_ids=inputs.positions.unsqueeze(0),
+            input_ids=input_ids.unsqueeze(0),
+            position_ids=positions,
             use_cache=False,
-            omni_attn=inputs.attn,
+            omni_attn=attn,
         )
         return ModelOutputs(hidden_states=out.last_hidden_state[0])
+
+    def decode_graph_blocker(self) -> str | None:
+        """Dynamic rope rescales its table from the step's largest position (a host read), and
+        a sliding window makes the attention hook read the longest context: neither replays."""
+        config = self.model.config
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+        rope_type = str((rope or {}).get("rope_type", (rope or {}).get("type", "default")))
+        if "dynamic" in rope_type:
+            return f"rope type {rope_type!r} rescales per step"
+        windows = [getattr(m, "sliding_window", None) for m in self.model.modules()]
+        if any(w is not None for w in windows):
+            return "sliding-window attention"
+        return None
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden_states)

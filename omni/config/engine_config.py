@@ -56,6 +56,10 @@ class EngineConfig:
     output_cache_device: str = "cpu"
     """Where a GPU stage keeps its stage-output cache: cpu (pinned host memory, written by
     asynchronous copies) or cuda (GPU memory)."""
+    cuda_graphs: bool | None = None
+    """Replay pure decode steps as CUDA graphs, padded to a ladder of batch sizes up to
+    max_num_seqs and captured at start-up; null means on for GPU stages whose model allows it,
+    false runs every step eagerly (debugging); true on the CPU runs the same padded steps eagerly."""
     seed: int = 0
     """Seed of this stage's generator for requests that bring no seed of their own."""
     num_threads: int | None = None

@@ -26,6 +26,7 @@ from omni.core.scheduler import Scheduler, SchedulerConfig
 from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
 from omni.engine.device import cuda_memory_stats, dtype_name, resolve_device, resolve_dtype
 from omni.engine.engine import run_until_done
+from omni.engine.graph_plan import padded_decode
 from omni.engine.output_rows import OutputRows
 from omni.engine.stage_memory import StageMemory
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
@@ -103,8 +104,12 @@ class StageEngine:
             output_cache=self.output_cache,
             seed=engine.seed,
             device=device,
+            padded_decode=padded_decode(config, model, device),
+            max_num_seqs=engine.max_num_seqs,
+            max_model_len=self.max_model_len,
         )
         self.runner.warm_up()  # outputs it discovers belong to step 0, before any request
+        self.runner.capture_decode_graphs()  # after warm-up: the graphs return every output
         self.num_steps = 0
         if self.output_cache is not None:
             self.output_cache.step = 1  # the number of the step about to run
@@ -282,6 +287,17 @@ class StageEngine:
         }
         if self.output_cache is not None:
             out["output_cache_device"] = str(self.output_cache.device)
+        out["eager_steps"] = self.runner.num_eager_steps
+        graphs = self.runner.decode_graphs
+        if graphs is not None:
+            out.update(
+                cuda_graphs=graphs.num_graphs,
+                graph_steps=graphs.num_graph_steps,
+                padded_decode_steps=graphs.num_padded_steps,
+                padded_rows=graphs.num_padded_rows,
+                cuda_graph_capture_s=graphs.capture_s,
+                cuda_graph_bytes=graphs.capture_bytes,
+            )
         if self.device.type == "cuda":
             out.update(cuda_memory_stats(self.device))
         else:

@@ -38,6 +38,8 @@ class AttentionMetadata:
     max_seq_len: int | None = None  # None: not known on the host (sliding-window check only)
     # Derived device tensors the Triton kernel computes at the first layer and reuses after.
     kernel_cache: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    # Pure decode batches only: arange(num_seqs + 1) int32, the Triton kernel's tile table.
+    decode_tile_starts: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -149,6 +151,7 @@ def paged_attention_forward(
             meta.query_start_loc,
             scaling,
             step_cache=meta.kernel_cache,
+            tile_starts=meta.decode_tile_starts,
         )
     else:
         out = paged_attention(

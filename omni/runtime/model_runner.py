@@ -25,9 +25,10 @@ import torch
 from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
 from omni.runtime.attention import AttentionMetadata, allocate_kv_caches
+from omni.runtime.decode_graphs import DecodeGraphs, num_scratch_blocks
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.sampler import Sampler
-from omni.runtime.stage_model import ModelInputs, StageModel
+from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel
 
 
 @dataclass
@@ -40,7 +41,7 @@ class _RequestState:
 class PackedBatch:
     model_inputs: ModelInputs
     slot_mapping: torch.Tensor  # on the host (CPU), as model_inputs.attn.slot_mapping
-    sample_rows: list[int]  # row of the packed batch whose hidden state gives the logits
+    sample_rows: torch.Tensor  # [num sampled] rows whose hidden states give the logits, on device
     sample_ids: list[str]
 
 
@@ -54,15 +55,21 @@ class ModelRunner:
         output_cache: OutputCache | None,
         seed: int = 0,
         device: torch.device | str | None = None,
+        padded_decode: bool = False,
+        max_num_seqs: int = 1,
+        max_model_len: int = 1,
     ) -> None:
         """device: where the KV cache, inputs and metadata live (None: the CPU); the model's
-        weights must be there already."""
+        weights must be there already. padded_decode: run pure decode steps padded to a ladder
+        of batch sizes up to max_num_seqs (omni/runtime/decode_graphs.py; on a GPU, replayed as
+        CUDA graphs once capture_decode_graphs ran); the model must have no decode blocker."""
         self.model = model
         self.block_size = block_size
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        scratch = num_scratch_blocks(max_num_seqs, block_size) if padded_decode else 0
         self.kv_caches = allocate_kv_caches(
             model.num_layers,
-            num_blocks,
+            num_blocks + scratch,
             block_size,
             model.num_kv_heads,
             model.head_dim,
@@ -74,6 +81,18 @@ class ModelRunner:
         self._requests: dict[str, _RequestState] = {}
         # Per-request stage inputs (upstream embeddings, pixel values, ...), kept until finished.
         self._extras: dict[str, Mapping[str, Any]] = {}
+        self.decode_graphs: DecodeGraphs | None = None
+        if padded_decode:
+            self.decode_graphs = DecodeGraphs(
+                model,
+                self.kv_caches,
+                num_blocks=num_blocks,
+                block_size=block_size,
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
+                device=self.device,
+            )
+        self.num_eager_steps = 0
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -107,7 +126,7 @@ class ModelRunner:
         entry = ScheduledRequest(
             request_id, [0] * num_tokens, 0, block_ids, True, False, SamplingParams()
         )
-        batch = self._pack([entry])
+        batch = self._pack([entry], self._track([entry]))
         self._requests.pop(request_id, None)
         return batch
 
@@ -124,34 +143,62 @@ class ModelRunner:
             self.model.release(request_ids)  # adapters' per-request state
 
     @torch.inference_mode()
+    def capture_decode_graphs(self) -> None:
+        """On a GPU: capture the padded decode steps (start-up only: capture synchronises the
+        device and must not interleave with serving)."""
+        if self.decode_graphs is not None and self.device.type == "cuda":
+            self.decode_graphs.capture()
+
+    @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         for request_id in scheduler_output.preempted_request_ids:
             self._requests.pop(request_id, None)  # block table gone; inputs stay
         if scheduler_output.is_empty:
             return RunnerOutput(sampled_token_ids={})
-        batch = self._pack(scheduler_output.scheduled)
-        outputs = self.model.forward(batch.model_inputs)
+        scheduled = scheduler_output.scheduled
+        tables = self._track(scheduled)
+        padded = self._run_padded(scheduled, tables)
+        if padded is not None:  # a pure decode step: every row samples, in order
+            outputs, host_slots, device_slots = padded
+            hidden = outputs.hidden_states
+            sample_ids = [e.request_id for e in scheduled]
+        else:
+            batch = self._pack(scheduled, tables)
+            outputs = self.model.forward(batch.model_inputs)
+            self.num_eager_steps += 1
+            host_slots, device_slots = batch.slot_mapping, batch.model_inputs.attn.slot_mapping
+            hidden = outputs.hidden_states
+            if len(batch.sample_ids) != hidden.shape[0]:  # else every row samples: no gather
+                hidden = hidden.index_select(0, batch.sample_rows)
+            sample_ids = batch.sample_ids
         if self.output_cache is not None:
             per_token = {"hidden_states": outputs.hidden_states, **outputs.extra}
-            self.output_cache.discover(per_token, batch.slot_mapping.numel())
-            self.output_cache.write(
-                batch.slot_mapping,
-                per_token,
-                device_slot_mapping=batch.model_inputs.attn.slot_mapping,
-            )
-        if not batch.sample_rows:
+            self.output_cache.discover(per_token, host_slots.numel())
+            self.output_cache.write(host_slots, per_token, device_slot_mapping=device_slots)
+        if not sample_ids:
             return RunnerOutput(sampled_token_ids={})
-        logits = self.model.compute_logits(outputs.hidden_states[batch.sample_rows])
-        entries = {e.request_id: e for e in scheduler_output.scheduled}
-        params = [self._requests[rid].sampling_params for rid in batch.sample_ids]
-        counts = [entries[rid].num_output_tokens for rid in batch.sample_ids]
+        logits = self.model.compute_logits(hidden)
+        entries = {e.request_id: e for e in scheduled}
+        params = [self._requests[rid].sampling_params for rid in sample_ids]
+        counts = [entries[rid].num_output_tokens for rid in sample_ids]
         token_ids = self.sampler(logits, params, counts)
-        return RunnerOutput(sampled_token_ids=dict(zip(batch.sample_ids, token_ids, strict=True)))
+        return RunnerOutput(sampled_token_ids=dict(zip(sample_ids, token_ids, strict=True)))
 
-    def _pack(self, scheduled: list[ScheduledRequest]) -> PackedBatch:
-        token_ids: list[int] = []
-        query_lens, context_lens, tables = [], [], []
-        sample_rows, sample_ids = [], []
+    def _run_padded(
+        self, scheduled: list[ScheduledRequest], tables: list[list[int]]
+    ) -> tuple[ModelOutputs, torch.Tensor, torch.Tensor] | None:
+        graphs = self.decode_graphs
+        batch_size = graphs.bucket(scheduled) if graphs is not None else None
+        if graphs is None or batch_size is None:
+            return None
+        if self.output_cache is not None:
+            # A replay overwrites the graph's outputs, which the last step's copies may still read.
+            self.output_cache.wait_copies_on_device()
+        return graphs.run(scheduled, tables, batch_size)
+
+    def _track(self, scheduled: list[ScheduledRequest]) -> list[list[int]]:
+        """Take the step's new blocks into each request's table; returns the tables in order."""
+        tables = []
         for entry in scheduled:
             state = self._requests.get(entry.request_id)
             if entry.is_new or state is None:
@@ -164,10 +211,17 @@ class ModelRunner:
                 self._requests[entry.request_id] = state
             else:
                 state.block_ids.extend(entry.new_block_ids)
+            tables.append(state.block_ids)
+        return tables
+
+    def _pack(self, scheduled: list[ScheduledRequest], tables: list[list[int]]) -> PackedBatch:
+        token_ids: list[int] = []
+        query_lens, context_lens = [], []
+        sample_rows, sample_ids = [], []
+        for entry in scheduled:
             token_ids.extend(entry.token_ids)
             query_lens.append(len(entry.token_ids))
             context_lens.append(entry.num_computed_tokens + len(entry.token_ids))
-            tables.append(state.block_ids)
             if entry.sample:
                 sample_rows.append(len(token_ids) - 1)
                 sample_ids.append(entry.request_id)
@@ -190,7 +244,7 @@ class ModelRunner:
         bs = self.block_size
         slots = block_tables[seq_of_token, positions // bs] * bs + positions % bs
 
-        input_ids, positions_t, slot_mapping, query_start_t, seq_lens_t, tables_t = self._upload(
+        uploaded = self._upload(
             [
                 np.asarray(token_ids, dtype=np.int64),
                 positions.astype(np.int64, copy=False),
@@ -198,8 +252,10 @@ class ModelRunner:
                 query_start_loc,
                 seq_lens,
                 block_tables,
+                np.asarray(sample_rows, dtype=np.int64),
             ]
         )
+        input_ids, positions_t, slot_mapping, query_start_t, seq_lens_t, tables_t = uploaded[:6]
         attn = AttentionMetadata.build(
             slot_mapping=slot_mapping,
             query_start_loc=query_start_t,
@@ -216,7 +272,7 @@ class ModelRunner:
             request_extras={e.request_id: self._extras.get(e.request_id, {}) for e in scheduled},
         )
         host_slots = slot_mapping if slot_mapping.device.type == "cpu" else torch.from_numpy(slots)
-        return PackedBatch(inputs, host_slots, sample_rows, sample_ids)
+        return PackedBatch(inputs, host_slots, uploaded[6], sample_ids)
 
     def _upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
         """int64 host arrays as tensors on the runner's device: views of the arrays on the CPU;

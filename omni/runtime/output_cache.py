@@ -90,6 +90,12 @@ class _AsyncCopies:
             done.record(self.stream)
         self._done = done
 
+    def wait_on_device(self) -> None:
+        """The source device's current stream waits (no host sync) until the last copy read its
+        rows: for sources that are overwritten in place (a CUDA graph's static outputs)."""
+        if self._done is not None:
+            torch.cuda.current_stream(self.source_device).wait_event(self._done)
+
     def wait(self) -> None:
         if self._done is not None:
             self._done.synchronize()
@@ -228,6 +234,12 @@ class OutputCache:
             index = slots.to(self.device, non_blocking=True)
         for flat, rows in pairs:
             flat.index_copy_(0, index, rows.detach().to(device=self.device, dtype=flat.dtype))
+
+    def wait_copies_on_device(self) -> None:
+        """Before the forward's output buffers are written again in place: order that after the
+        pending copies out of them, on the device (no-op without asynchronous copies)."""
+        if self._copies is not None:
+            self._copies.wait_on_device()
 
     def synchronize(self) -> None:
         """Wait until every row written so far is in the cache (asynchronous copies landed)."""

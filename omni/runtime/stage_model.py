@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from omni.core.scheduler_output import ScheduledRequest
@@ -57,6 +58,29 @@ class ModelOutputs:
 
 class StageModelBase:
     """Base class of every stage adapter: no-op defaults for the hooks an adapter may override."""
+
+    decode_position_rows = 1
+    """Rows of the positions decode_forward takes: 1, or 3 for mrope models."""
+
+    def decode_graph_blocker(self) -> str | None:
+        """Why this model's decode steps cannot be padded and captured as CUDA graphs (None: they
+        can, through decode_positions and decode_forward). Default: no capturable body."""
+        return f"adapter {type(self).__name__} has no decode_forward"
+
+    def decode_positions(
+        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+    ) -> np.ndarray | None:
+        """The [decode_position_rows, n] positions of a pure decode step's tokens, computed on
+        the host from their absolute positions; None runs this step eagerly instead."""
+        return positions[None]
+
+    def decode_forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+    ) -> ModelOutputs:
+        """The capturable body of a decode step: ids [B], positions [rows, B] on the device, one
+        token per sequence. Tensor operations only (no host reads, no per-request Python state):
+        a CUDA graph replays it with other values in the same buffers."""
+        raise NotImplementedError(self.decode_graph_blocker())
 
     def check_inputs(self, stage_input: StageInput) -> None:
         """Called on add_request: raise ValueError (failing this request alone) for an input the
@@ -104,6 +128,18 @@ class StageModel(Protocol):
     def input_limit(self, request_id: str) -> int | None: ...
 
     def extend_inputs(self, request_id: str, delta: InputDelta) -> int | None: ...
+
+    decode_position_rows: int
+
+    def decode_graph_blocker(self) -> str | None: ...
+
+    def decode_positions(
+        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+    ) -> np.ndarray | None: ...
+
+    def decode_forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+    ) -> ModelOutputs: ...
 
 
 class GenerationModel(Protocol):

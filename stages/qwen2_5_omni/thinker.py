@@ -23,8 +23,9 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from omni.core.request import MultiModalInput
+from omni.core.scheduler_output import ScheduledRequest
 from omni.registry import register_adapter
-from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
+from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
 from stages.causal_lm import load_kwargs
 from stages.qwen2_5_omni.encoder_cache import EncoderCache
@@ -139,6 +140,38 @@ class OmniThinkerAdapter(StageModelBase):
             position_ids=positions.unsqueeze(1),  # [3, 1, T]
             use_cache=False,
             omni_attn=inputs.attn,
+        )
+        return ModelOutputs(out.last_hidden_state[0], extra={"inputs_embeds": embeds})
+
+    decode_position_rows = 3  # mrope: temporal, height, width
+
+    def decode_graph_blocker(self) -> str | None:
+        return None
+
+    def decode_positions(
+        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+    ) -> np.ndarray | None:
+        """Text positions on every row, shifted by each multimodal request's delta; a token
+        still inside a request's mrope table (its prompt's items) runs eagerly."""
+        rows = np.repeat(positions[None], 3, axis=0)
+        for i, entry in enumerate(scheduled):
+            state = self._mrope.get(entry.request_id)
+            if state is None:
+                continue
+            if positions[i] < state.positions.shape[1]:
+                return None
+            rows[:, i] += state.delta
+        return rows
+
+    def decode_forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+    ) -> ModelOutputs:
+        embeds = self.text_model.embed_tokens(input_ids)
+        out = self.text_model(
+            inputs_embeds=embeds.unsqueeze(0),
+            position_ids=positions.unsqueeze(1),  # [3, 1, B]
+            use_cache=False,
+            omni_attn=attn,
         )
         return ModelOutputs(out.last_hidden_state[0], extra={"inputs_embeds": embeds})
 

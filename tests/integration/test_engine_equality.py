@@ -23,6 +23,15 @@ CONFIGS = {
         "max_num_batched_tokens": 16,
         "max_model_len": 160,
     },
+    # Decode steps padded to the CUDA-graph ladder (1, 2, 4, 5 / 1, 2, 4, 6), run eagerly here.
+    "padded-decode": {"block_size": 4, "cuda_graphs": True, "max_num_seqs": 5},
+    "padded-tiny-pool": {
+        "block_size": 4,
+        "num_blocks": 48,
+        "max_model_len": 192,
+        "cuda_graphs": True,
+        "max_num_seqs": 6,
+    },
 }
 
 
@@ -44,8 +53,13 @@ def test_tokens_equal_transformers(family_case, name):
     for prompt_index, (result, want) in enumerate(zip(results, expected, strict=True)):
         assert result.token_ids == want, f"{name}: prompt {prompt_index} differs"
     stats = engine.stats()
-    if name.startswith("tiny-pool"):
+    if "tiny-pool" in name:
         assert stats["preemptions"] > 0 and stats["kv_evictions"] > 0, stats
+    if name.startswith("padded"):  # pure decode steps took the ladder, some with padding rows
+        assert stats["padded_decode_steps"] > 0 and stats["padded_rows"] > 0, stats
+        assert stats["eager_steps"] > 0, stats  # prefill and recompute stay eager
+    else:
+        assert "padded_rows" not in stats
     if name == "caching-off":
         assert all(r.num_cached_tokens == 0 for r in results)
     else:

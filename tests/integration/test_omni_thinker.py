@@ -142,8 +142,9 @@ def references(oracle):
         {"enable_prefix_caching": True},
         {"enable_prefix_caching": False},
         {"max_num_batched_tokens": 8},
+        {"cuda_graphs": True, "max_num_seqs": 5},  # 3 decoding: padded to 4, run eagerly here
     ],
-    ids=["caching", "no-caching", "chunked"],
+    ids=["caching", "no-caching", "chunked", "padded-decode"],
 )
 def test_tokens_and_tensors_match_transformers(omni_dir, proc, references, engine_kwargs):
     engine = _engine(omni_dir, **engine_kwargs)
@@ -159,6 +160,8 @@ def test_tokens_and_tensors_match_transformers(omni_dir, proc, references, engin
             assert _rel_err(result.tensors["inputs_embeds"], embeds) < 1e-4, name
             if round_ == 1 and engine_kwargs.get("enable_prefix_caching", True):
                 assert result.num_cached_tokens > 0, name
+    if engine_kwargs.get("cuda_graphs"):  # image and audio requests decode with mrope deltas
+        assert engine.stats()["padded_rows"] > 0
     engine.step()  # the runner hears of the last finished requests on the next step
     assert engine.model._mrope == {}  # released with the finished requests
     assert engine.model.encoder_runs == {"image": 1, "audio": 1}  # once per distinct item
