@@ -74,7 +74,7 @@ class AttentionMetadata:
                     f"query_start_loc says {num_tokens} tokens"
                 )
             max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
-        if kv_caches and _uses_triton(kv_caches[0][0].device):
+        if kv_caches and uses_triton(kv_caches[0][0].device):
             device = kv_caches[0][0].device
             slot_mapping, query_start_loc, seq_lens, block_tables = (
                 t.to(device, non_blocking=True)
@@ -88,7 +88,7 @@ class AttentionMetadata:
         )
 
 
-def _uses_triton(device: torch.device) -> bool:
+def uses_triton(device: torch.device) -> bool:
     """Whether attention on this device runs the Triton kernel (CUDA with triton installed)."""
     return device.type == "cuda" and HAVE_TRITON
 
@@ -117,7 +117,7 @@ def paged_attention_forward(
             f"{ATTENTION_NAME!r} expects one packed row (batch 1), got batch {query.shape[0]}"
         )
     key_cache, value_cache = meta.kv_caches[module.layer_idx]
-    triton_path = _uses_triton(query.device)
+    triton_path = uses_triton(query.device)
     plan = meta.plan
     if plan is None and not triton_path:
         plan = meta.plan = make_plan(

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from omni.core.scheduler_output import ScheduledRequest
+from omni.runtime import attention
 from omni.runtime.attention import AttentionMetadata
 from omni.runtime.stage_model import ModelOutputs, StageModel
 
@@ -136,8 +137,8 @@ class DecodeGraphs:
             graph.replay()
             outputs = self._graph_outputs[batch_size]
             self.num_graph_steps += 1
-        else:
-            outputs = self._forward(batch_size, static=False)
+        else:  # the Triton path takes the graph's metadata as it is (tests force it on CPU)
+            outputs = self._forward(batch_size, static=attention.uses_triton(self.device))
         self.num_padded_steps += 1
         self.num_padded_rows += batch_size - n
         real = ModelOutputs(outputs.hidden_states[:n], {k: v[:n] for k, v in outputs.extra.items()})

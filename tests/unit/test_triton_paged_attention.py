@@ -277,7 +277,7 @@ def test_hook_dispatches_to_the_kernel(monkeypatch):
 
     meta_cpu, expected = _hook_step("cpu", torch.float32)
     assert meta_cpu.plan is not None
-    monkeypatch.setattr(attention, "_uses_triton", lambda device: True)
+    monkeypatch.setattr(attention, "uses_triton", lambda device: True)
     meta, got = _hook_step("cpu", torch.float32)
     assert meta.plan is None and meta.max_seq_len == 40
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
