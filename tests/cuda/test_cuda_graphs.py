@@ -87,7 +87,9 @@ def test_bfloat16_graphs_agree_with_eager(qwen2_dir):
     got = run_engine(make_engine(qwen2_dir, **config), prompts, GREEDY)
     base = run_engine(make_engine(qwen2_dir, **config, cuda_graphs=False), prompts, GREEDY)
     same = sum(
-        a == b for r, s in zip(got, base, strict=True) for a, b in zip(r.token_ids, s.token_ids)
+        a == b
+        for r, s in zip(got, base, strict=True)
+        for a, b in zip(r.token_ids, s.token_ids, strict=True)
     )
     share = same / (len(prompts) * MAX_NEW)
     print(f"\nbfloat16 graph vs eager: {share:.1%} of tokens equal")
