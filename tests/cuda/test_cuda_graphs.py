@@ -55,7 +55,9 @@ def test_graph_replay_equals_transformers_and_eager(family, name):
     stats = graphs.stats()
     max_num_seqs = graphs.config.engine.max_num_seqs
     assert stats["cuda_graphs"] == len(batch_ladder(max_num_seqs)), stats
-    assert stats["graph_steps"] > 0 and stats["padded_rows"] > 0, stats
+    assert stats["graph_steps"] > 0, stats
+    if name == "ladder-32":  # 13 requests decode in the bucket of 16
+        assert stats["padded_rows"] > 0, stats
     assert stats["cuda_graph_capture_s"] > 0, stats
     if name == "tiny-pool":
         assert stats["preemptions"] > 0, stats
