@@ -106,6 +106,7 @@ class StageEngine:
             device=device,
             padded_decode=padded_decode(config, model, device),
             max_num_seqs=engine.max_num_seqs,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
             max_model_len=self.max_model_len,
         )
         self.runner.warm_up()  # outputs it discovers belong to step 0, before any request

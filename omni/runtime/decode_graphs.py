@@ -1,21 +1,26 @@
-"""Decode steps padded to a ladder of batch sizes, replayed as CUDA graphs.
+"""Decode steps and short prefills padded to fixed shapes, replayed as CUDA graphs.
 
-A pure decode step (every scheduled request feeds one token and samples) of n requests runs at
-the next batch size B >= n of the ladder (1, 2, 4, 8, then steps of 8 up to max_num_seqs) on
-static buffers: token ids, positions, slot mapping, sequence lengths and block tables of
-fixed width (max_model_len / block_size). On a GPU the adapter's `decode_forward` (the model
-body, no sampling) was captured once per B at start-up; a step fills the buffers and replays.
-On the CPU the same padded batches run eagerly (`capture=False`): the test path for everything
-but the capture itself.
+Two kinds of step run at a fixed shape (num_seqs, num_tokens) on static buffers (token ids,
+positions, slot mapping, sequence lengths, query starts and block tables of fixed width
+max_model_len / block_size):
+- decode: n requests each feed one token and sample; they run at the next batch size B >= n of
+  the ladder (1, 2, 4, 8, then steps of 8 up to max_num_seqs): shape (B, B).
+- suffix: one request feeds t tokens and samples the last, e.g. the uncached end of a prompt
+  whose prefix hit the cache; it runs at the next size T > t of (16, 32, 64, 128, 256) (up to
+  max_num_batched_tokens), as shape (2, T): the request, then one padding sequence of T - t
+  tokens.
+On a GPU the adapter's `decode_forward` (the model body, no sampling) was captured once per shape
+at start-up; a step fills the buffers and replays. On the CPU the same padded steps run eagerly
+(`capture` is never called): the test path for everything but the capture itself.
 
 Invariants:
-- Padding rows n..B-1 feed token 0 at position 0 with a context of one key, and write their
-  K/V to scratch slots past the pool's blocks (`num_blocks * block_size + row`), which the
-  block pool never hands out and the output cache never sees. Their outputs are dropped.
-- Only rows [:n] leave a step: the output cache writes and the logits take views of them.
-- Nothing inside the captured body reads host values that change between replays: positions
-  (mrope deltas included) are computed on the host by the adapter, the tile table of the Triton
-  kernel is a static arange, and the table width is fixed.
+- Padding tokens write their K/V to scratch slots past the pool's blocks (`num_blocks *
+  block_size + i`), which the block pool never hands out and the output cache never sees, and
+  attend only to scratch keys (finite: zeros or other padding keys). Their outputs are dropped:
+  only the real rows reach the output cache, the logits and the sampler.
+- Nothing inside a captured body reads host values that change between replays: positions
+  (mrope deltas included) come from the host (the adapter's `decode_positions`), the decode
+  tile table is a static arange, a suffix's is computed on the device from its query starts.
 - The host staging buffers are reused every step: safe because each step ends with the
   sampler's device-to-host copy, after which the previous upload has landed.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +42,10 @@ from omni.runtime.stage_model import ModelOutputs, StageModel
 
 logger = logging.getLogger(__name__)
 
+SUFFIX_SIZES = (16, 32, 64, 128, 256)
+IDS, SLOTS, SEQ_LENS, QUERY_STARTS, POSITIONS = range(5)  # rows of the staging buffer
+Shape = tuple[int, int]  # (num_seqs, num_tokens)
+
 
 def batch_ladder(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, then every multiple of 8 up to max_num_seqs (which is always the last)."""
@@ -44,9 +54,21 @@ def batch_ladder(max_num_seqs: int) -> list[int]:
     return [*sizes, max_num_seqs]
 
 
-def num_scratch_blocks(max_num_seqs: int, block_size: int) -> int:
-    """KV blocks past the pool that hold the padding rows' keys (one slot per batch row)."""
-    return -(-max_num_seqs // block_size)
+def suffix_ladder(max_num_batched_tokens: int) -> list[int]:
+    return [t for t in SUFFIX_SIZES if t <= max_num_batched_tokens]
+
+
+def num_scratch_blocks(max_num_seqs: int, max_num_batched_tokens: int, block_size: int) -> int:
+    """KV blocks past the pool that hold the padding tokens' keys (one slot per padding row)."""
+    return -(-max(max_num_seqs, *suffix_ladder(max_num_batched_tokens), 1) // block_size)
+
+
+@dataclass
+class GraphStep:
+    outputs: ModelOutputs  # the real rows only
+    sample_hidden: torch.Tensor  # [num sampled, hidden]: every decode row, a suffix's last row
+    host_slots: torch.Tensor  # the real rows' KV slots, on the host
+    device_slots: torch.Tensor  # the same on the device
 
 
 class DecodeGraphs:
@@ -58,35 +80,37 @@ class DecodeGraphs:
         num_blocks: int,
         block_size: int,
         max_num_seqs: int,
+        max_num_batched_tokens: int,
         max_model_len: int,
         device: torch.device,
     ) -> None:
-        """kv_caches must hold num_blocks + num_scratch_blocks(max_num_seqs, block_size)
-        blocks; the last ones are the padding rows' scratch."""
+        """kv_caches must hold num_blocks + num_scratch_blocks(...) blocks; the last ones are
+        the padding tokens' scratch."""
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
         self.batch_sizes = batch_ladder(max_num_seqs)
-        self.max_batch = self.batch_sizes[-1]
-        self.scratch_slot = num_blocks * block_size  # padding row r writes slot scratch + r
+        self.suffix_sizes = suffix_ladder(max_num_batched_tokens)
+        self.shapes: list[Shape] = [(b, b) for b in self.batch_sizes]
+        self.shapes += [(2, t) for t in self.suffix_sizes]
+        self.scratch_slot = num_blocks * block_size  # padding row i writes slot scratch + i
         self.scratch_block = num_blocks
-        self.num_position_rows = model.decode_position_rows
+        width = max(self.batch_sizes[-1] + 1, *self.suffix_sizes, 3)
         max_blocks = -(-max_model_len // block_size)
         on_gpu = device.type == "cuda"
-        # Rows of the int64 staging buffer: ids, slots, seq_lens, then the position rows.
-        host = torch.zeros((3 + self.num_position_rows, self.max_batch), dtype=torch.int64)
-        tables = torch.zeros((self.max_batch, max_blocks), dtype=torch.int64)
+        host = torch.zeros((POSITIONS + model.decode_position_rows, width), dtype=torch.int64)
+        tables = torch.zeros((self.batch_sizes[-1] + 1, max_blocks), dtype=torch.int64)
         self._host = host.pin_memory() if on_gpu else host
         self._host_tables = tables.pin_memory() if on_gpu else tables
         self._dev = self._host.to(device) if on_gpu else self._host
         self._dev_tables = self._host_tables.to(device) if on_gpu else self._host_tables
         self._host_np = self._host.numpy()
         self._host_tables_np = self._host_tables.numpy()
-        self._query_start_loc = torch.arange(self.max_batch + 1, device=device)
-        self._tile_starts = torch.arange(self.max_batch + 1, dtype=torch.int32, device=device)
-        self._graphs: dict[int, Any] = {}  # batch size -> torch.cuda.CUDAGraph
-        self._graph_outputs: dict[int, ModelOutputs] = {}
+        self._arange = torch.arange(width, device=device)  # a decode step's query starts
+        self._tile_starts = torch.arange(width, dtype=torch.int32, device=device)
+        self._graphs: dict[Shape, Any] = {}  # shape -> torch.cuda.CUDAGraph
+        self._graph_outputs: dict[Shape, ModelOutputs] = {}
         self.capture_s = 0.0
         self.capture_bytes = 0
         self.num_graph_steps = 0  # replays
@@ -94,121 +118,143 @@ class DecodeGraphs:
         self.num_padded_rows = 0
 
     # ---- which steps ----------------------------------------------------------------------------
-    def bucket(self, scheduled: list[ScheduledRequest]) -> int | None:
-        """The batch size this step runs at, or None when it is not a pure decode step that
-        fits the ladder (prefill chunks, new or recomputed requests, oversize batches)."""
+    def shape_for(self, scheduled: list[ScheduledRequest]) -> Shape | None:
+        """The shape this step runs at, or None when it is neither a decode batch that fits the
+        ladder nor one request's short sampled suffix (prefill chunks, mixed steps, oversize)."""
         n = len(scheduled)
-        if not 0 < n <= self.max_batch:
+        if not 0 < n <= self.batch_sizes[-1] or not all(e.sample for e in scheduled):
             return None
-        for entry in scheduled:
-            if entry.is_new or not entry.sample or len(entry.token_ids) != 1:
-                return None
-        return self.batch_sizes[int(np.searchsorted(self.batch_sizes, n))]
+        if all(len(e.token_ids) == 1 for e in scheduled):
+            size = self.batch_sizes[int(np.searchsorted(self.batch_sizes, n))]
+            return size, size
+        t = len(scheduled[0].token_ids)
+        if n == 1 and self.suffix_sizes and t < self.suffix_sizes[-1]:
+            return 2, self.suffix_sizes[int(np.searchsorted(self.suffix_sizes, t, "right"))]
+        return None
 
     # ---- one step -------------------------------------------------------------------------------
     def run(
-        self, scheduled: list[ScheduledRequest], block_tables: list[list[int]], batch_size: int
-    ) -> tuple[ModelOutputs, torch.Tensor, torch.Tensor] | None:
-        """Run the padded decode step: (outputs of the real rows, their host slots, their device
-        slots), or None when the adapter wants this step eager (decode_positions said so)."""
-        n = len(scheduled)
-        positions = np.fromiter((e.num_computed_tokens for e in scheduled), dtype=np.int64, count=n)
+        self, scheduled: list[ScheduledRequest], block_tables: list[list[int]], shape: Shape
+    ) -> GraphStep | None:
+        """Run the padded step at shape_for(scheduled); None when the adapter wants it eager
+        (its decode_positions said so)."""
+        decode = shape[0] == shape[1]
+        if decode:
+            positions = np.fromiter((e.num_computed_tokens for e in scheduled), np.int64)
+        else:
+            entry = scheduled[0]
+            positions = entry.num_computed_tokens + np.arange(len(entry.token_ids))
         position_rows = self.model.decode_positions(scheduled, positions)
         if position_rows is None:
             return None
+        n = positions.size  # real rows
         host, tables, bs = self._host_np, self._host_tables_np, self.block_size
-        host[0, :n] = [e.token_ids[0] for e in scheduled]
+        host[:, : shape[1]] = 0
+        tables[: shape[0], 0] = self.scratch_block
         for row, table in enumerate(block_tables):
             tables[row, : len(table)] = table
-        host[1, :n] = tables[np.arange(n), positions // bs] * bs + positions % bs
-        host[2, :n] = positions + 1
-        host[3:, :n] = position_rows
-        # Padding rows: token 0 at position 0, one key, in its own scratch slot.
-        host[:, n:batch_size] = 0
-        host[1, n:batch_size] = self.scratch_slot + np.arange(n, batch_size)
-        host[2, n:batch_size] = 1
-        tables[n:batch_size, 0] = self.scratch_block
-        host_slots = torch.from_numpy(host[1, :n].copy())
+        host[IDS, :n] = [t for e in scheduled for t in e.token_ids]
+        rows = np.arange(n) if decode else np.zeros(n, dtype=np.int64)
+        host[SLOTS, :n] = tables[rows, positions // bs] * bs + positions % bs
+        host[POSITIONS:, :n] = position_rows
+        num_padding = shape[1] - n
+        host[SLOTS, n : shape[1]] = self.scratch_slot + np.arange(num_padding)
+        if decode:  # padding rows: token 0 at position 0, one key each
+            host[SEQ_LENS, :n] = positions + 1
+            host[SEQ_LENS, n : shape[0]] = 1
+        else:  # one padding sequence at positions 0.. over the scratch blocks, in slot order
+            host[SEQ_LENS, :2] = (positions[-1] + 1, num_padding)
+            host[QUERY_STARTS, :3] = (0, n, shape[1])
+            host[POSITIONS:, n : shape[1]] = np.arange(num_padding)
+            tables[1, : -(-num_padding // bs)] = self.scratch_block + np.arange(
+                -(-num_padding // bs)
+            )
+        host_slots = torch.from_numpy(host[SLOTS, :n].copy())
         if self._dev is not self._host:
             self._dev.copy_(self._host, non_blocking=True)
-            self._dev_tables[:batch_size].copy_(self._host_tables[:batch_size], non_blocking=True)
-        graph = self._graphs.get(batch_size)
+            self._dev_tables[: shape[0]].copy_(self._host_tables[: shape[0]], non_blocking=True)
+        graph = self._graphs.get(shape)
         if graph is not None:
             graph.replay()
-            outputs = self._graph_outputs[batch_size]
+            outputs = self._graph_outputs[shape]
             self.num_graph_steps += 1
         else:  # the Triton path takes the graph's metadata as it is (tests force it on CPU)
-            outputs = self._forward(batch_size, static=attention.uses_triton(self.device))
+            outputs = self._forward(shape, static=attention.uses_triton(self.device))
         self.num_padded_steps += 1
-        self.num_padded_rows += batch_size - n
+        self.num_padded_rows += num_padding
         real = ModelOutputs(outputs.hidden_states[:n], {k: v[:n] for k, v in outputs.extra.items()})
-        return real, host_slots, self._dev[1, :n]
+        sample = real.hidden_states if decode else real.hidden_states[n - 1 :]
+        return GraphStep(real, sample, host_slots, self._dev[SLOTS, :n])
 
-    def _forward(self, batch_size: int, *, static: bool) -> ModelOutputs:
-        """The adapter's body on the first batch_size rows of the device buffers. static: the
-        metadata a graph bakes in (no host plan); else built per step (the CPU's torch path
-        needs a host plan of the step's values)."""
-        b = batch_size
-        dev, tables = self._dev, self._dev_tables[:b]
+    def _forward(self, shape: Shape, *, static: bool) -> ModelOutputs:
+        """The adapter's body on the device buffers at this shape. static: the metadata a graph
+        bakes in (no host plan); else built per step (the CPU's torch path needs a host plan of
+        the step's values)."""
+        num_seqs, num_tokens = shape
+        dev = self._dev
+        decode = num_seqs == num_tokens
+        query_starts = self._arange if decode else dev[QUERY_STARTS]
+        fields: dict[str, Any] = dict(
+            slot_mapping=dev[SLOTS, :num_tokens],
+            query_start_loc=query_starts[: num_seqs + 1],
+            seq_lens=dev[SEQ_LENS, :num_seqs],
+            block_tables=self._dev_tables[:num_seqs],
+            kv_caches=self.kv_caches,
+        )
         if static:
-            attn = AttentionMetadata(
-                slot_mapping=dev[1, :b],
-                query_start_loc=self._query_start_loc[: b + 1],
-                seq_lens=dev[2, :b],
-                block_tables=tables,
-                kv_caches=self.kv_caches,
-                decode_tile_starts=self._tile_starts[: b + 1],
-            )
+            tile_starts = self._tile_starts[: num_seqs + 1] if decode else None
+            attn = AttentionMetadata(**fields, decode_tile_starts=tile_starts)
         else:
-            attn = AttentionMetadata.build(
-                slot_mapping=dev[1, :b],
-                query_start_loc=self._query_start_loc[: b + 1],
-                seq_lens=dev[2, :b],
-                block_tables=tables,
-                kv_caches=self.kv_caches,
-                block_size=self.block_size,
-            )
-        return self.model.decode_forward(dev[0, :b], dev[3:, :b], attn)
+            attn = AttentionMetadata.build(**fields, block_size=self.block_size)
+        return self.model.decode_forward(dev[IDS, :num_tokens], dev[POSITIONS:, :num_tokens], attn)
 
     # ---- start-up -------------------------------------------------------------------------------
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every batch size, largest first, in one memory pool of this stage. Each is
-        run twice before (Triton compiles, cuBLAS picks its kernels) on an all-padding batch."""
+        """Capture every shape, largest first, in one memory pool of this stage. Each is run
+        twice before (Triton compiles, cuBLAS picks its kernels) on all-padding inputs."""
         start = time.perf_counter()
         reserved = torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device=self.device)
-        for b in reversed(self.batch_sizes):
-            self._fill_padding(b)
+        for shape in sorted(self.shapes, key=lambda s: s[1], reverse=True):
+            self._fill_padding(shape)
             self._dev.copy_(self._host)
-            self._dev_tables[:b].copy_(self._host_tables[:b])
+            self._dev_tables.copy_(self._host_tables)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 for _ in range(2):
-                    self._forward(b, static=True)
+                    self._forward(shape, static=True)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                self._graph_outputs[b] = self._forward(b, static=True)
-            self._graphs[b] = graph
+                self._graph_outputs[shape] = self._forward(shape, static=True)
+            self._graphs[shape] = graph
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - start
         self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
         logger.info(
-            "captured %d decode CUDA graphs (batch sizes %s) in %.2f s, %.1f MiB",
+            "captured %d CUDA graphs (decode batches %s, suffixes %s) in %.2f s, %.1f MiB",
             len(self._graphs),
             self.batch_sizes,
+            self.suffix_sizes,
             self.capture_s,
             self.capture_bytes / 2**20,
         )
 
-    def _fill_padding(self, batch_size: int) -> None:
+    def _fill_padding(self, shape: Shape) -> None:
+        """Every token a padding one, each in its own scratch slot, reading scratch keys."""
+        num_seqs, num_tokens = shape
         host = self._host_np
-        host[:, :batch_size] = 0
-        host[1, :batch_size] = self.scratch_slot + np.arange(batch_size)
-        host[2, :batch_size] = 1
-        self._host_tables_np[:batch_size, 0] = self.scratch_block
+        host[:, :num_tokens] = 0
+        host[SLOTS, :num_tokens] = self.scratch_slot + np.arange(num_tokens)
+        host[SEQ_LENS, :num_seqs] = 1
+        self._host_tables_np[:, 0] = self.scratch_block
+        if num_seqs != num_tokens:  # a suffix: one token, then a padding sequence of the rest
+            num_blocks = -(-(num_tokens - 1) // self.block_size)
+            host[SEQ_LENS, 1] = num_tokens - 1
+            host[QUERY_STARTS, :3] = (0, 1, num_tokens)
+            self._host_tables_np[1, :num_blocks] = self.scratch_block + np.arange(num_blocks)
 
     @property
     def num_graphs(self) -> int:

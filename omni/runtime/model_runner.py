@@ -25,10 +25,10 @@ import torch
 from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
 from omni.runtime.attention import AttentionMetadata, allocate_kv_caches
-from omni.runtime.decode_graphs import DecodeGraphs, num_scratch_blocks
+from omni.runtime.decode_graphs import DecodeGraphs, GraphStep, num_scratch_blocks
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.sampler import Sampler
-from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel
+from omni.runtime.stage_model import ModelInputs, StageModel
 
 
 @dataclass
@@ -57,16 +57,19 @@ class ModelRunner:
         device: torch.device | str | None = None,
         padded_decode: bool = False,
         max_num_seqs: int = 1,
+        max_num_batched_tokens: int = 1,
         max_model_len: int = 1,
     ) -> None:
         """device: where the KV cache, inputs and metadata live (None: the CPU); the model's
-        weights must be there already. padded_decode: run pure decode steps padded to a ladder
-        of batch sizes up to max_num_seqs (omni/runtime/decode_graphs.py; on a GPU, replayed as
-        CUDA graphs once capture_decode_graphs ran); the model must have no decode blocker."""
+        weights must be there already. padded_decode: run decode steps and short sampled suffixes
+        padded to fixed shapes (omni/runtime/decode_graphs.py; on a GPU, replayed as CUDA graphs
+        once capture_decode_graphs ran); the model must have no decode blocker."""
         self.model = model
         self.block_size = block_size
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        scratch = num_scratch_blocks(max_num_seqs, block_size) if padded_decode else 0
+        scratch = 0
+        if padded_decode:
+            scratch = num_scratch_blocks(max_num_seqs, max_num_batched_tokens, block_size)
         self.kv_caches = allocate_kv_caches(
             model.num_layers,
             num_blocks + scratch,
@@ -89,6 +92,7 @@ class ModelRunner:
                 num_blocks=num_blocks,
                 block_size=block_size,
                 max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len,
                 device=self.device,
             )
@@ -158,9 +162,9 @@ class ModelRunner:
         scheduled = scheduler_output.scheduled
         tables = self._track(scheduled)
         padded = self._run_padded(scheduled, tables)
-        if padded is not None:  # a pure decode step: every row samples, in order
-            outputs, host_slots, device_slots = padded
-            hidden = outputs.hidden_states
+        if padded is not None:  # every scheduled request samples, in order
+            outputs, hidden = padded.outputs, padded.sample_hidden
+            host_slots, device_slots = padded.host_slots, padded.device_slots
             sample_ids = [e.request_id for e in scheduled]
         else:
             batch = self._pack(scheduled, tables)
@@ -186,15 +190,15 @@ class ModelRunner:
 
     def _run_padded(
         self, scheduled: list[ScheduledRequest], tables: list[list[int]]
-    ) -> tuple[ModelOutputs, torch.Tensor, torch.Tensor] | None:
+    ) -> GraphStep | None:
         graphs = self.decode_graphs
-        batch_size = graphs.bucket(scheduled) if graphs is not None else None
-        if graphs is None or batch_size is None:
+        shape = graphs.shape_for(scheduled) if graphs is not None else None
+        if graphs is None or shape is None:
             return None
         if self.output_cache is not None:
             # A replay overwrites the graph's outputs, which the last step's copies may still read.
             self.output_cache.wait_copies_on_device()
-        return graphs.run(scheduled, tables, batch_size)
+        return graphs.run(scheduled, tables, shape)
 
     def _track(self, scheduled: list[ScheduledRequest]) -> list[list[int]]:
         """Take the step's new blocks into each request's table; returns the tables in order."""

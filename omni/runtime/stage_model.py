@@ -70,8 +70,9 @@ class StageModelBase:
     def decode_positions(
         self, scheduled: list[ScheduledRequest], positions: np.ndarray
     ) -> np.ndarray | None:
-        """The [decode_position_rows, n] positions of a pure decode step's tokens, computed on
-        the host from their absolute positions; None runs this step eagerly instead."""
+        """The [decode_position_rows, n] positions of a padded step's n fed tokens (a decode
+        batch's, or one request's suffix; any entry may be is_new) from their absolute positions,
+        on the host; None runs this step eagerly instead."""
         return positions[None]
 
     def decode_forward(

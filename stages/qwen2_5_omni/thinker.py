@@ -151,8 +151,11 @@ class OmniThinkerAdapter(StageModelBase):
     def decode_positions(
         self, scheduled: list[ScheduledRequest], positions: np.ndarray
     ) -> np.ndarray | None:
-        """Text positions on every row, shifted by each multimodal request's delta; a token
-        still inside a request's mrope table (its prompt's items) runs eagerly."""
+        """Decode tokens of running requests only: text positions on every row, shifted by each
+        multimodal request's delta. Prompt chunks and (re)admitted requests run eagerly: their
+        forward merges encoder outputs and builds the mrope table."""
+        if any(entry.is_new or len(entry.token_ids) != 1 for entry in scheduled):
+            return None
         rows = np.repeat(positions[None], 3, axis=0)
         for i, entry in enumerate(scheduled):
             state = self._mrope.get(entry.request_id)

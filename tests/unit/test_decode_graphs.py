@@ -13,7 +13,7 @@ from omni.config import ConfigError, load_config
 from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler_output import ScheduledRequest
 from omni.engine.graph_plan import padded_decode
-from omni.runtime.decode_graphs import batch_ladder, num_scratch_blocks
+from omni.runtime.decode_graphs import batch_ladder, num_scratch_blocks, suffix_ladder
 
 CPU = torch.device("cpu")
 
@@ -25,28 +25,65 @@ def test_ladder_and_scratch():
     assert batch_ladder(16) == [1, 2, 4, 8, 16]
     assert batch_ladder(30) == [1, 2, 4, 8, 16, 24, 30]
     assert batch_ladder(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
-    assert num_scratch_blocks(16, 16) == 1
-    assert num_scratch_blocks(17, 16) == 2
-    assert num_scratch_blocks(5, 4) == 2
+    assert suffix_ladder(2048) == [16, 32, 64, 128, 256]
+    assert suffix_ladder(100) == [16, 32, 64]
+    assert suffix_ladder(8) == []
+    assert num_scratch_blocks(16, 8, 16) == 1  # one slot per padding row or token
+    assert num_scratch_blocks(17, 8, 16) == 2
+    assert num_scratch_blocks(5, 8, 4) == 2
+    assert num_scratch_blocks(5, 2048, 16) == 16  # a suffix of 256
 
 
 def _entry(request_id: str, num_tokens: int = 1, *, new=False, sample=True) -> ScheduledRequest:
     return ScheduledRequest(request_id, [7] * num_tokens, 9, [], new, sample, SamplingParams())
 
 
-def test_bucket_takes_pure_decode_steps_only(qwen2_dir):
-    engine = make_engine(qwen2_dir, block_size=4, cuda_graphs=True, max_num_seqs=6)
+def test_shapes_of_decode_batches_and_suffixes(qwen2_dir):
+    engine = make_engine(
+        qwen2_dir, block_size=4, cuda_graphs=True, max_num_seqs=6, max_num_batched_tokens=64
+    )
     graphs = engine.runner.decode_graphs
     assert graphs is not None and graphs.batch_sizes == [1, 2, 4, 6]
+    assert graphs.suffix_sizes == [16, 32, 64]
     decode = [_entry(f"r{i}") for i in range(3)]
-    assert graphs.bucket(decode) == 4
-    assert graphs.bucket(decode[:1]) == 1
-    assert graphs.bucket(decode + [_entry("r3"), _entry("r4")]) == 6
-    assert graphs.bucket([]) is None
-    assert graphs.bucket([_entry(f"x{i}") for i in range(7)]) is None  # above the ladder
-    assert graphs.bucket([*decode, _entry("p", 5)]) is None  # a prefill chunk in the step
-    assert graphs.bucket([*decode, _entry("n", new=True)]) is None  # (re)admitted request
-    assert graphs.bucket([*decode, _entry("s", sample=False)]) is None
+    shape_for = graphs.shape_for
+    assert shape_for(decode) == (4, 4)
+    assert shape_for(decode[:1]) == (1, 1)
+    assert shape_for([_entry("n", new=True)]) == (1, 1)  # the adapter may still refuse it
+    assert shape_for(decode + [_entry("r3"), _entry("r4")]) == (6, 6)
+    assert shape_for([_entry(f"x{i}") for i in range(7)]) is None  # above the ladder
+    # One request's sampled suffix: padded to the next size with room for a padding sequence.
+    assert shape_for([_entry("p", 5, new=True)]) == (2, 16)
+    assert shape_for([_entry("p", 16)]) == (2, 32)
+    assert shape_for([_entry("p", 63)]) == (2, 64)
+    assert shape_for([_entry("p", 64)]) is None
+    assert shape_for([]) is None
+    assert shape_for([*decode, _entry("p", 5)]) is None  # a prefill chunk beside decodes
+    assert shape_for([_entry("p", 5, sample=False)]) is None  # a chunk that samples nothing
+    assert shape_for([*decode, _entry("s", sample=False)]) is None
+
+
+def test_suffixes_after_prefix_hits_equal_eager(qwen2_dir):
+    """Requests one after another share prefixes: their uncached suffixes run padded (one
+    padding sequence over the scratch blocks), with the tokens and pool KV of eager steps."""
+    prompts = shared_prefix_prompts(200, num_prompts=6)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    padded = make_engine(qwen2_dir, block_size=4, cuda_graphs=True, max_num_batched_tokens=64)
+    plain = make_engine(qwen2_dir, block_size=4, max_num_batched_tokens=64)
+    shapes = []
+    shape_for = padded.runner.decode_graphs.shape_for
+    padded.runner.decode_graphs.shape_for = lambda s: shapes.append(shape_for(s)) or shapes[-1]
+    for i, prompt in enumerate(prompts):
+        got = run_engine(padded, [prompt], params, prefix=f"p{i}-")
+        want = run_engine(plain, [prompt], params, prefix=f"p{i}-")
+        assert got[0].token_ids == want[0].token_ids, i
+        assert got[0].num_cached_tokens == want[0].num_cached_tokens
+    assert sum(s is not None and s[0] == 2 for s in shapes) >= 3, shapes
+    num_blocks = padded.num_blocks
+    for (k_pad, _), (k_plain, _) in zip(
+        padded.runner.kv_caches, plain.runner.kv_caches, strict=True
+    ):
+        torch.testing.assert_close(k_pad[:num_blocks], k_plain, rtol=1e-5, atol=1e-5)
 
 
 def test_padding_rows_write_scratch_only(qwen2_dir):
@@ -65,7 +102,7 @@ def test_padding_rows_write_scratch_only(qwen2_dir):
     for (k_pad, v_pad), (k_plain, v_plain) in zip(
         padded.runner.kv_caches, plain.runner.kv_caches, strict=True
     ):
-        assert k_pad.shape[0] == num_blocks + num_scratch_blocks(4, 4)
+        assert k_pad.shape[0] == num_blocks + num_scratch_blocks(4, 2048, 4)
         torch.testing.assert_close(k_pad[:num_blocks], k_plain, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(v_pad[:num_blocks], v_plain, rtol=1e-5, atol=1e-5)
         assert k_pad[num_blocks:].abs().sum() > 0  # the padding rows did write their keys
@@ -78,20 +115,26 @@ def test_triton_path_takes_the_static_metadata(qwen2_dir, monkeypatch):
 
     prompts = shared_prefix_prompts(200, num_prompts=3)[:3]
     params = SamplingParams(max_tokens=4, ignore_eos=True)
-    want = run_engine(make_engine(qwen2_dir, block_size=4), prompts, params)
+    plain = make_engine(qwen2_dir, block_size=4)
+    want = run_engine(plain, prompts, params)
     monkeypatch.setattr(attention, "uses_triton", lambda device: True)
     engine = make_engine(qwen2_dir, block_size=4, cuda_graphs=True, max_num_seqs=4)
     seen = []
     forward = engine.runner.decode_graphs._forward
 
-    def spy(batch_size, *, static):
-        seen.append((batch_size, static))
-        return forward(batch_size, static=static)
+    def spy(shape, *, static):
+        seen.append((shape, static))
+        return forward(shape, static=static)
 
     monkeypatch.setattr(engine.runner.decode_graphs, "_forward", spy)
     got = run_engine(engine, prompts, params)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
-    assert seen and all(static for _, static in seen) and (4, True) in seen
+    # A suffix after a prefix hit: its tile table is computed on the device from query starts.
+    longer = [prompts[0] + [5, 6, 7]]
+    got = run_engine(engine, longer, params, prefix="s")
+    assert got[0].token_ids == run_engine(plain, longer, params, prefix="s")[0].token_ids
+    assert got[0].num_cached_tokens > 0
+    assert all(static for _, static in seen) and {(4, 4), (2, 16)} <= {s for s, _ in seen}
 
 
 class _Blocked:
