@@ -60,7 +60,9 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """Rotate x [num_tokens, num_heads, head_dim] (any token/head strides, unit stride within a
     head) in place by cos/sin [num_tokens, head_dim] of x's dtype; returns x."""
     if x.dim() != 3 or x.stride(-1) != 1:
-        raise ValueError(f"x must be [tokens, heads, head_dim] with unit last stride, got {x.shape}")
+        raise ValueError(
+            f"x must be [tokens, heads, head_dim] with unit last stride, got {x.shape}"
+        )
     num_tokens, num_heads, head_dim = x.shape
     for name, t in (("cos", cos), ("sin", sin)):
         if t.shape != (num_tokens, head_dim) or t.stride(-1) != 1:
