@@ -64,13 +64,13 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
             f"x must be [tokens, heads, head_dim] with unit last stride, got {x.shape}"
         )
     num_tokens, num_heads, head_dim = x.shape
+    if head_dim % 2:
+        raise ValueError(f"head_dim {head_dim} is odd")
     for name, t in (("cos", cos), ("sin", sin)):
         if t.shape != (num_tokens, head_dim) or t.stride(-1) != 1:
             raise ValueError(f"{name} {tuple(t.shape)} must be [{num_tokens}, {head_dim}]")
         if t.dtype != x.dtype or t.device != x.device:
             raise ValueError(f"{name} is {t.dtype} on {t.device}, x {x.dtype} on {x.device}")
-    if head_dim % 2:
-        raise ValueError(f"head_dim {head_dim} is odd")
     if x.numel() == 0:
         return x
     half = head_dim // 2
