@@ -1,8 +1,12 @@
 """install_fused_kernels on tiny transformers models, against the same models unpatched.
 
-Oracle: transformers' own modules. The fused kernels run under Triton's interpreter on the CPU
-(interpret_on_cpu=True); without it nothing on the CPU is patched. Through our paged-attention
-hook (omni_attn passes through the fused forwards) and through transformers' own generate.
+Oracle: transformers' own modules. Without a GPU the fused kernels run under Triton's
+interpreter on the CPU (interpret_on_cpu=True; without it nothing on the CPU is patched), where
+bfloat16 results are within one rounding of transformers'. With a GPU the same cases run
+compiled on it, where the fused q/k/v and gate/up GEMMs may round differently from the separate
+ones (cuBLAS picks other tilings): bfloat16 is then compared with a looser tolerance and greedy
+tokens only in float32. Through our paged-attention hook (omni_attn passes through the fused
+forwards) and through transformers' own generate.
 """
 
 import copy
@@ -23,6 +27,8 @@ from omni.runtime.fused_layers import install_fused_kernels, uninstall_fused_ker
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 TINY = dict(
     hidden_size=64,
     intermediate_size=96,
@@ -40,7 +46,7 @@ PATCHED = 5 * TINY["num_hidden_layers"] + 1
 def make_pair(family: str, dtype=torch.float32, attn: str = "sdpa", **config):
     model_class, config_class = FAMILIES[family]
     torch.manual_seed(0)
-    model = model_class(config_class(**{**TINY, **config})).eval().to(dtype)
+    model = model_class(config_class(**{**TINY, **config})).eval().to(DEVICE, dtype)
     model.set_attn_implementation(attn)
     fused = copy.deepcopy(model)
     assert install_fused_kernels(fused, interpret_on_cpu=True) == PATCHED
@@ -48,7 +54,15 @@ def make_pair(family: str, dtype=torch.float32, attn: str = "sdpa", **config):
 
 
 def tolerance(dtype):
-    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0, "rtol": 2**-7}
+    if dtype == torch.float32:
+        return {"atol": 1e-5, "rtol": 1e-5}
+    return {"atol": 0, "rtol": 2**-7} if DEVICE == "cpu" else {"atol": 3e-2, "rtol": 3e-2}
+
+
+def tokens_comparable(dtype) -> bool:
+    """Whether greedy tokens must be equal: float32, or the interpreter's bf16 (whose GEMMs
+    are torch's CPU ones, fused or not)."""
+    return dtype == torch.float32 or DEVICE == "cpu"
 
 
 def test_nothing_is_patched_on_the_cpu_by_default():
@@ -72,7 +86,7 @@ def test_install_is_idempotent_and_undone_by_uninstall():
     assert count == sum(p.numel() for p in model.parameters())
     assert uninstall_fused_kernels(fused) == PATCHED
     assert not any("forward" in m.__dict__ for m in fused.modules())
-    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    ids = torch.tensor([[3, 1, 4, 1, 5]], device=DEVICE)
     with torch.no_grad():
         torch.testing.assert_close(fused(ids).logits, model(ids).logits, atol=1e-6, rtol=0)
 
@@ -93,8 +107,8 @@ def test_decoder_layer_matches_transformers(family, dtype):
     transformers' rotary."""
     model, fused = make_pair(family, dtype, attention_bias=True)
     gen = torch.Generator().manual_seed(1)
-    hidden = (torch.randn(2, 7, 64, generator=gen) * 2).to(dtype)
-    positions = torch.arange(7).expand(2, 7) + torch.tensor([[0], [5]])
+    hidden = (torch.randn(2, 7, 64, generator=gen) * 2).to(DEVICE, dtype)
+    positions = (torch.arange(7).expand(2, 7) + torch.tensor([[0], [5]])).to(DEVICE)
     for position_ids in (positions, positions[:1]):
         cos_sin = model.model.rotary_emb(hidden, position_ids)
         with torch.no_grad():
@@ -108,7 +122,7 @@ def test_generate_greedy_tokens_equal(family):
     """transformers' generate (its DynamicCache goes through past_key_values.update): the same
     tokens, and logits at every step within bf16 rounding."""
     model, fused = make_pair(family, torch.bfloat16)
-    ids = torch.tensor([[5, 17, 99, 3, 64, 8, 21]])
+    ids = torch.tensor([[5, 17, 99, 3, 64, 8, 21]], device=DEVICE)
     kw = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, output_logits=True)
     want = model.generate(ids, return_dict_in_generate=True, **kw)
     got = fused.generate(ids, return_dict_in_generate=True, **kw)
@@ -128,7 +142,7 @@ class PagedGreedy:
         head_dim = config.hidden_size // config.num_attention_heads
         self.kv_caches = allocate_kv_caches(
             config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
-            head_dim, dtype,
+            head_dim, dtype, device=DEVICE,
         )  # fmt: skip
         self.free = list(range(num_blocks))
         random.Random(0).shuffle(self.free)
@@ -154,7 +168,7 @@ class PagedGreedy:
             self.lens[i] = end
         width = max(len(b) for b in self.blocks)
         meta = AttentionMetadata.build(
-            slot_mapping=torch.tensor(slots),
+            slot_mapping=torch.tensor(slots),  # moved to the caches' device by build()
             query_start_loc=torch.tensor(starts),
             seq_lens=torch.tensor(seq_lens),
             block_tables=torch.tensor([b + [0] * (width - len(b)) for b in self.blocks]),
@@ -163,12 +177,12 @@ class PagedGreedy:
         )
         with torch.no_grad():
             logits = self.model(
-                input_ids=torch.tensor([ids]),
-                position_ids=torch.tensor([positions]),
+                input_ids=torch.tensor([ids], device=DEVICE),
+                position_ids=torch.tensor([positions], device=DEVICE),
                 use_cache=False,
                 omni_attn=meta,
             ).logits[0]
-        last = logits[torch.tensor(starts[1:]) - 1]
+        last = logits[torch.tensor(starts[1:], device=DEVICE) - 1]
         return last.argmax(-1).tolist(), last.float()
 
 
@@ -187,8 +201,11 @@ def test_paged_greedy_tokens_equal(family, dtype):
             logits.append(step_logits)
             feeds = [[t] for t in step_tokens]
         runs.append((tokens, torch.stack(logits)))
-    assert runs[1][0] == runs[0][0]
-    torch.testing.assert_close(runs[1][1], runs[0][1], **tolerance(dtype))
+    if tokens_comparable(dtype):
+        assert runs[1][0] == runs[0][0]
+        torch.testing.assert_close(runs[1][1], runs[0][1], **tolerance(dtype))
+    else:  # the prefill's logits: later steps feed tokens that may differ
+        torch.testing.assert_close(runs[1][1][0], runs[0][1][0], **tolerance(dtype))
 
 
 def test_qwen2_5_omni_text_models():
@@ -200,7 +217,8 @@ def test_qwen2_5_omni_text_models():
 
     config = omni_config("tiny", {s: 500 + i for i, s in enumerate(SPECIALS)})
     gen = torch.Generator().manual_seed(2)
-    positions = torch.stack([torch.arange(6), torch.arange(6) // 2, torch.arange(6) % 3])[:, None]
+    positions = torch.stack([torch.arange(6), torch.arange(6) // 2, torch.arange(6) % 3])
+    positions = positions[:, None].to(DEVICE)
     text_config = config.thinker_config.text_config
     for model_class, sub_config in (
         (omni.Qwen2_5OmniThinkerTextModel, text_config),
@@ -208,17 +226,17 @@ def test_qwen2_5_omni_text_models():
     ):
         sub_config._attn_implementation = "sdpa"
         torch.manual_seed(0)
-        model = model_class(sub_config).eval()
+        model = model_class(sub_config).eval().to(DEVICE)
         fused = copy.deepcopy(model)
         assert install_fused_kernels(fused, interpret_on_cpu=True) == 5 * 2 + 1
-        embeds = torch.randn(1, 6, sub_config.hidden_size, generator=gen)
+        embeds = torch.randn(1, 6, sub_config.hidden_size, generator=gen).to(DEVICE)
         with torch.no_grad():
             want = model(inputs_embeds=embeds, position_ids=positions).last_hidden_state
             got = fused(inputs_embeds=embeds, position_ids=positions).last_hidden_state
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    mlp = omni.Qwen2_5OmniMLP(config.thinker_config.vision_config, bias=True).eval()
+    mlp = omni.Qwen2_5OmniMLP(config.thinker_config.vision_config, bias=True).eval().to(DEVICE)
     fused_mlp = copy.deepcopy(mlp)
     assert install_fused_kernels(fused_mlp, interpret_on_cpu=True) == 1
-    x = torch.randn(10, mlp.hidden_size, generator=gen)
+    x = torch.randn(10, mlp.hidden_size, generator=gen).to(DEVICE)
     with torch.no_grad():
         torch.testing.assert_close(fused_mlp(x), mlp(x), atol=1e-5, rtol=1e-5)
