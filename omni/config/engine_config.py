@@ -57,9 +57,12 @@ class EngineConfig:
     """Where a GPU stage keeps its stage-output cache: cpu (pinned host memory, written by
     asynchronous copies) or cuda (GPU memory)."""
     cuda_graphs: bool | None = None
-    """Replay pure decode steps as CUDA graphs, padded to a ladder of batch sizes up to
-    max_num_seqs and captured at start-up; null means on for GPU stages whose model allows it,
+    """Replay decode steps (and short sampled suffixes) as CUDA graphs, padded to fixed shapes
+    and captured at start-up; null means on for GPU stages whose model allows it,
     false runs every step eagerly (debugging); true on the CPU runs the same padded steps eagerly."""
+    fused_kernels: bool | None = None
+    """Fused Triton kernels in the decoder layers (RMSNorm + residual add, q/k/v and gate/up as
+    one GEMM each, rotary, SiLU*mul) on a GPU stage; null: on for CUDA stages."""
     seed: int = 0
     """Seed of this stage's generator for requests that bring no seed of their own."""
     num_threads: int | None = None
@@ -96,6 +99,11 @@ class EngineConfig:
         if self.dtype is not None:
             return self.dtype
         return "bfloat16" if on_gpu else "float32"
+
+    def resolved_fused_kernels(self, on_gpu: bool) -> bool:
+        """Whether to install the fused kernels, with the null default resolved (never on the
+        CPU: there transformers' own modules run, float32-exact)."""
+        return on_gpu and self.fused_kernels is not False
 
     @property
     def outputs_cached(self) -> bool:

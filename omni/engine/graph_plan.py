@@ -1,4 +1,8 @@
-"""Whether a stage pads its decode steps (and on a GPU replays them as CUDA graphs).
+"""How a stage's steps are sped up on a GPU: fused kernels in its decoder layers, and decode
+steps padded to fixed shapes (replayed as CUDA graphs there).
+
+`engine.fused_kernels`: null or true means installed on a GPU stage (omni/runtime/fused_layers.py
+patches the fitting transformers modules of the adapter's models; never on the CPU).
 
 `engine.cuda_graphs`: null means on for a GPU stage whose model has a capturable decode body
 (`StageModel.decode_graph_blocker()` is None) and off otherwise, with the reason logged; true
@@ -14,6 +18,7 @@ import torch
 
 from omni.config import StageConfig
 from omni.config.validate import config_error
+from omni.runtime.fused_layers import install_fused_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -36,3 +41,12 @@ def padded_decode(config: StageConfig, model: object, device: torch.device) -> b
             )
         return False
     return requested is True or device.type == "cuda"
+
+
+def fuse_kernels(config: StageConfig, model: object, device: torch.device) -> int:
+    """Install the fused forwards on the adapter's torch models; returns the modules patched.
+    Before the memory profile and the capture, which must see the fused forwards."""
+    if not config.engine.resolved_fused_kernels(device.type == "cuda"):
+        return 0
+    modules = [m for m in vars(model).values() if isinstance(m, torch.nn.Module)]
+    return sum(install_fused_kernels(module) for module in modules)

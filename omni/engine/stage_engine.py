@@ -26,7 +26,7 @@ from omni.core.scheduler import Scheduler, SchedulerConfig
 from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
 from omni.engine.device import cuda_memory_stats, dtype_name, resolve_device, resolve_dtype
 from omni.engine.engine import run_until_done
-from omni.engine.graph_plan import padded_decode
+from omni.engine.graph_plan import fuse_kernels, padded_decode
 from omni.engine.output_rows import OutputRows
 from omni.engine.stage_memory import StageMemory
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
@@ -53,6 +53,7 @@ class StageEngine:
         self.model = model
         self.device = device
         self.dtype = dtype
+        self.num_fused_modules = fuse_kernels(config, model, device)
         self.block_size = engine.block_size
         self.max_model_len: int = engine.max_model_len or DEFAULT_MAX_MODEL_LEN
         # None (a StageConfig outside an OmniConfig): every output the adapter emits.
@@ -289,6 +290,7 @@ class StageEngine:
         if self.output_cache is not None:
             out["output_cache_device"] = str(self.output_cache.device)
         out["eager_steps"] = self.runner.num_eager_steps
+        out["fused_modules"] = self.num_fused_modules
         graphs = self.runner.decode_graphs
         if graphs is not None:
             out.update(

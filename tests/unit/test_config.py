@@ -49,6 +49,13 @@ def test_defaults(model):
     assert a.engine.hash_algo == "xxhash" and a.engine.dtype is None and a.engine.device == "auto"
     assert a.engine.resolved_dtype(on_gpu=False) == "float32"
     assert a.engine.resolved_dtype(on_gpu=True) == "bfloat16"
+    assert a.engine.fused_kernels is None
+    assert a.engine.resolved_fused_kernels(on_gpu=True)
+    assert not a.engine.resolved_fused_kernels(on_gpu=False)
+    off = dataclasses.replace(a.engine, fused_kernels=False)
+    assert not off.resolved_fused_kernels(on_gpu=True)
+    on = dataclasses.replace(a.engine, fused_kernels=True)
+    assert not on.resolved_fused_kernels(on_gpu=False)  # the CPU keeps transformers' modules
     assert a.engine.outputs_cached and a.num_threads == 1
     assert a.resources == ResourcesConfig(num_cpus=1.0, num_gpus=0.0, custom={})
     assert a.sampling == SamplingParams()
@@ -200,6 +207,7 @@ def test_variables(model, tmp_path):
         ({"engine": {"hash_algo": "md5"}}, ["stages.a.engine.hash_algo", "'md5'", "'sha256'"]),
         ({"engine": {"dtype": "float64"}}, ["stages.a.engine.dtype", "'float64'", "'bfloat16'"]),
         ({"engine": {"num_threads": 0}}, ["stages.a.engine.num_threads", "got 0"]),
+        ({"engine": {"fused_kernels": "yes"}}, ["stages.a.engine.fused_kernels", "'yes'"]),
         (
             {"engine": {"enable_prefix_caching": False, "cache_outputs": True}},
             ["stages.a.engine.cache_outputs", "True", "enable_prefix_caching"],

@@ -1,0 +1,212 @@
+"""The fused Triton kernels (RMSNorm, add + RMSNorm, SiLU*mul, rotary) against transformers'
+torch formulas.
+
+Without a GPU every case runs under Triton's interpreter on CPU tensors; there the additions and
+products round exactly like torch (bit-equal), and the transcendental parts (sqrt, exp) may
+differ in float32's last place, so those results are held to one unit in the last place of their
+dtype. A compile-only test builds each kernel for sm_90. With a GPU the same cases run compiled.
+"""
+
+import inspect
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from kernels import fused_activation, fused_norm, fused_rotary  # noqa: E402
+from kernels.fused_activation import silu_and_mul, silu_mul, silu_mul_reference  # noqa: E402
+from kernels.fused_norm import add_rms_norm, rms_norm, rms_norm_reference  # noqa: E402
+from kernels.fused_rotary import rotary_, rotary_reference  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+cpu_only = pytest.mark.skipif(DEVICE == "cuda", reason="interpreter test; the GPU runs compiled")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+ULP = {torch.float32: 2.0**-20, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+
+
+def randn(*shape, dtype=torch.float32, scale=1.0, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(DEVICE)
+
+
+def assert_ulp_close(got, want):
+    """Within one unit in the last place of the dtype (plus float32 noise near zero), and the
+    same dtype and shape."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    tol = ULP[want.dtype]
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), rtol=tol, atol=tol * 1e-2)
+
+
+def assert_bit_equal(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got.cpu(), want.cpu()), (got.float() - want.float()).abs().max()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 96), (2, 3, 896), (1, 1, 64), (4, 100)])
+def test_rms_norm(dtype, shape):
+    x = randn(*shape, dtype=dtype, scale=3.0)
+    weight = randn(shape[-1], dtype=dtype, seed=1) + 1.0
+    assert_ulp_close(rms_norm(x, weight, 1e-6), rms_norm_reference(x, weight, 1e-6))
+
+
+def test_rms_norm_float32_weight_promotes_like_torch():
+    """bf16 input with a float32 weight: transformers' `weight * x.to(bf16)` is float32."""
+    x = randn(3, 64, dtype=torch.bfloat16, scale=2.0)
+    weight = randn(64, seed=1)
+    got = rms_norm(x, weight, 1e-5)
+    assert got.dtype == torch.float32
+    assert_ulp_close(got, rms_norm_reference(x, weight, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm(dtype):
+    """The new residual is the sum rounded to the dtype, bit for bit (no transcendental part):
+    a float32 -> bf16 cast that truncates (Triton's interpreter's own) fails this."""
+    x = randn(6, 2, 160, dtype=dtype, scale=2.0)
+    residual = randn(6, 2, 160, dtype=dtype, seed=2, scale=5.0)
+    weight = randn(160, dtype=dtype, seed=1) + 1.0
+    out, new_residual = add_rms_norm(x, residual, weight, 1e-6)
+    assert_bit_equal(new_residual, residual + x)
+    assert_ulp_close(out, rms_norm_reference(residual + x, weight, 1e-6))
+
+
+def test_norm_strided_rows():
+    """Rows of a wider buffer (a non-contiguous slice) are read in place."""
+    wide = randn(7, 200, dtype=torch.bfloat16)
+    x, residual = wide[:, :96], wide[:, 100:196]
+    assert not x.is_contiguous()
+    weight = randn(96, dtype=torch.bfloat16, seed=1)
+    assert_ulp_close(rms_norm(x, weight, 1e-6), rms_norm_reference(x, weight, 1e-6))
+    out, new_residual = add_rms_norm(x, residual, weight, 1e-6)
+    assert_bit_equal(new_residual, residual + x)
+    assert_ulp_close(out, rms_norm_reference(residual + x, weight, 1e-6))
+
+
+def test_norm_bad_inputs():
+    x = randn(2, 64)
+    with pytest.raises(ValueError, match="weight"):
+        rms_norm(x, randn(32), 1e-6)
+    with pytest.raises(ValueError, match="residual"):
+        add_rms_norm(x, randn(2, 64, dtype=torch.bfloat16), randn(64), 1e-6)
+    with pytest.raises(ValueError, match="hidden size"):
+        rms_norm(randn(1, 20000), randn(20000), 1e-6)
+    assert rms_norm(randn(0, 64), randn(64), 1e-6).shape == (0, 64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(dtype):
+    """Separate gate/up and one concatenated gate_up (the fused GEMM's output), several column
+    blocks with a ragged last one."""
+    gate = randn(3, 2, 2500, dtype=dtype, scale=4.0)
+    up = randn(3, 2, 2500, dtype=dtype, seed=1)
+    want = silu_mul_reference(gate, up)
+    assert_ulp_close(silu_mul(gate, up), want)
+    assert_ulp_close(silu_and_mul(torch.cat([gate, up], dim=-1)), want)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # the interpreter's numpy
+def test_silu_mul_extremes():
+    """Large |gate|: exp overflows to inf for very negative gates, silu -> -0."""
+    gate = torch.tensor([[-1000.0, -90.0, -20.0, 0.0, 20.0, 90.0, 1000.0]], device=DEVICE)
+    up = torch.ones_like(gate)
+    torch.testing.assert_close(silu_mul(gate, up), silu_mul_reference(gate, up))
+
+
+def test_silu_mul_bad_inputs():
+    with pytest.raises(ValueError, match="must match"):
+        silu_mul(randn(2, 8), randn(2, 9))
+    with pytest.raises(ValueError, match="not even"):
+        silu_and_mul(randn(2, 9))
+
+
+def rope(num_tokens: int, head_dim: int, dtype: torch.dtype, sections: bool = False):
+    """cos/sin as a model's rotary embedding returns them; `sections` makes the two halves
+    differ (Qwen2.5-Omni's multimodal rope recomposes them per section)."""
+    inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    pos = torch.arange(num_tokens, dtype=torch.float32)[:, None] * 3.0 + 1.0
+    first = pos * inv
+    emb = torch.cat((first, pos * 0.5 * inv if sections else first), dim=-1)
+    return emb.cos().to(dtype).to(DEVICE), emb.sin().to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "head_dim"), [((4, 2), 64), ((7, 1), 80), ((2, 2), 16)])
+def test_rotary_on_a_fused_qkv_buffer(dtype, heads, head_dim):
+    """q and k heads of one q/k/v projection output rotated in place, bit-equal to transformers'
+    formula (products and sums only); the v heads are not touched."""
+    num_heads, num_kv_heads = heads
+    total = num_heads + 2 * num_kv_heads
+    qkv = randn(9, total * head_dim, dtype=dtype, scale=2.0)
+    before = qkv.clone()
+    view = qkv.view(9, total, head_dim)
+    cos, sin = rope(9, head_dim, dtype, sections=True)
+    rotary_(view[:, : num_heads + num_kv_heads], cos, sin)
+    want = rotary_reference(
+        before.view(9, total, head_dim)[:, : num_heads + num_kv_heads], cos, sin
+    )
+    assert_bit_equal(view[:, : num_heads + num_kv_heads], want)
+    assert_bit_equal(
+        view[:, num_heads + num_kv_heads :], before.view(9, total, head_dim)[:, -num_kv_heads:]
+    )
+
+
+def test_rotary_bad_inputs():
+    x = randn(3, 2, 8)
+    cos, sin = rope(3, 8, torch.float32)
+    with pytest.raises(ValueError, match="cos"):
+        rotary_(x, cos[:2], sin)
+    with pytest.raises(ValueError, match="sin"):
+        rotary_(x, cos, sin.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="odd"):
+        rotary_(randn(3, 2, 7), randn(3, 7), randn(3, 7))
+    with pytest.raises(ValueError, match="unit last stride"):
+        rotary_(x.transpose(1, 2), cos, sin)
+
+
+@cpu_only
+def test_kernels_compile_for_sm90_without_a_gpu():
+    """The real compiler (Triton IR -> PTX -> cubin) for an H100 in bf16: the interpreter checks
+    neither types nor shapes. An interpreted launch first: it must leave triton.language as it
+    found it."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    test_add_rms_norm(torch.bfloat16)
+
+    def compile_sm90(kernel, constexprs):
+        names = list(inspect.signature(kernel.fn).parameters)
+        signature = {}
+        for name in names:
+            if name in constexprs:
+                signature[name] = "constexpr"
+            elif name.endswith("_ptr"):
+                signature[name] = "*bf16"
+            else:
+                signature[name] = "fp32" if name == "eps" else "i32"
+        constants = {(names.index(k),): v for k, v in constexprs.items()}
+        source = ASTSource(kernel, signature, constexprs=constants)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["cubin"]
+
+    compile_sm90(fused_norm._kernel, {"ADD": True, "BLOCK": 1024})
+    compile_sm90(fused_norm._kernel, {"ADD": False, "BLOCK": 4096})
+    compile_sm90(fused_activation._kernel, {"BLOCK": fused_activation.BLOCK})
+    compile_sm90(fused_rotary._kernel, {"HALF": 40, "HALF_PAD": 64, "HEADS_PAD": 32})
+
+
+@pytest.mark.cuda
+def test_cuda_model_sized_rows():
+    """Qwen2.5-7B's widths on the GPU, bf16: 512 rows of hidden 3584, intermediate 18944."""
+    x = randn(512, 3584, dtype=torch.bfloat16, scale=3.0)
+    residual = randn(512, 3584, dtype=torch.bfloat16, seed=2)
+    weight = randn(3584, dtype=torch.bfloat16, seed=1)
+    out, new_residual = add_rms_norm(x, residual, weight, 1e-6)
+    assert_bit_equal(new_residual, residual + x)
+    assert_ulp_close(out, rms_norm_reference(residual + x, weight, 1e-6))
+    gate_up = randn(512, 2 * 18944, dtype=torch.bfloat16, scale=3.0)
+    want = silu_mul_reference(gate_up[:, :18944], gate_up[:, 18944:])
+    assert_ulp_close(silu_and_mul(gate_up), want)
