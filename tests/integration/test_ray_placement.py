@@ -104,15 +104,15 @@ class TestFakeGpus:
     def test_gpu_requests_that_cannot_hold_fail_before_any_actor(self, qwen2_dir, llama_dir):
         cases = {
             "stages.a.resources.num_gpus": (
-                {"stages.a.engine.device": "cuda"},
-                "device cuda on Ray needs a GPU reserved",
+                {"stages.a.engine.device": "cuda", "stages.a.resources.num_gpus": 0},
+                r"is 0 \(no GPU\), but engine.device is cuda",
             ),
             "stages.a.engine.gpu_memory_utilization": (
                 {
                     "stages.a.resources.num_gpus": 0.5,
                     "stages.a.engine.gpu_memory_utilization": 0.8,
                 },
-                "0.8 is more than the 0.5 GPU the stage reserves",
+                "0.8 is more than the 0.5 GPU the stage takes",
             ),
         }
         for field, (overrides, message) in cases.items():

@@ -50,7 +50,7 @@ def test_defaults(model):
     assert a.engine.resolved_dtype(on_gpu=False) == "float32"
     assert a.engine.resolved_dtype(on_gpu=True) == "bfloat16"
     assert a.engine.outputs_cached and a.num_threads == 1
-    assert a.resources == ResourcesConfig(num_cpus=1.0, num_gpus=0.0, custom={})
+    assert a.resources == ResourcesConfig(num_cpus=1.0, num_gpus=None, custom={})
     assert a.sampling == SamplingParams()
     # An empty YAML section (`engine:`) loads as None and means all defaults.
     assert load_config(one(model, engine=None, sampling=None)).stage("a") == a
