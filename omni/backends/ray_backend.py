@@ -140,6 +140,8 @@ class RayBackend:
             where["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=self._bundle[name]
             )
+        if not res.num_gpus:  # Ray 2.60 no longer hides the node's GPUs from such an actor
+            where["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
         return StageActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
             num_cpus=res.num_cpus,
             num_gpus=res.num_gpus or 0,
