@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from typing import Any
 
 import torch
@@ -12,11 +14,20 @@ from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
 
+logger = logging.getLogger(__name__)
+
 
 def load_kwargs(device: torch.device) -> dict[str, Any]:
-    """from_pretrained arguments that load the weights straight onto a GPU (no CPU copy first);
-    none for the CPU, where loading stays as it always was."""
-    return {} if device.type == "cpu" else {"device_map": str(device)}
+    """from_pretrained arguments that load the weights straight onto a GPU (no CPU copy first)
+    when accelerate is installed (transformers needs it for device_map); none for the CPU, where
+    loading stays as it always was, or without accelerate: the weights then load on the CPU and
+    the adapter's `.to(device)` moves them."""
+    if device.type == "cpu":
+        return {}
+    if importlib.util.find_spec("accelerate") is None:  # an optional extra (`real`)
+        logger.info("accelerate is not installed: loading on the CPU, then moving to %s", device)
+        return {}
+    return {"device_map": str(device)}
 
 
 @register_adapter("causal_lm", requires_causal_lm=True)

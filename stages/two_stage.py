@@ -28,6 +28,7 @@ from omni.runtime.stage_model import ModelInputs, ModelOutputs
 from stages.causal_lm import CausalLMAdapter
 
 PROJECTION_SEED = 1234
+RMS_ROWS = 8192  # embedding rows squared at a time when computing the projection scale
 EMBEDS_KEY = "prompt_embeds"
 
 
@@ -74,8 +75,13 @@ class EmbedsLMAdapter(CausalLMAdapter):
             # Drawn on the CPU, so that every process and device builds the same W.
             generator = torch.Generator().manual_seed(PROJECTION_SEED)
             w = torch.randn(upstream_dim, self.hidden_size, generator=generator)
-            table = self.model.get_input_embeddings().weight.float().cpu()
-            scale = table.pow(2).mean().sqrt() / upstream_dim**0.5
+            table = self.model.get_input_embeddings().weight.detach()
+            # The table's RMS, on its own device a slice of rows at a time: no host copy and no
+            # float32 copy of the whole table (GBs on a GPU for a large vocabulary).
+            squares = torch.zeros((), dtype=torch.float32, device=table.device)
+            for rows in table.split(RMS_ROWS):
+                squares += rows.float().pow(2).sum()
+            scale = (squares.item() / table.numel()) ** 0.5 / upstream_dim**0.5
             self._projections[upstream_dim] = (w * scale).to(self.device, self.dtype)
         return self._projections[upstream_dim]
 

@@ -51,6 +51,7 @@ class StageActor:
             "stage": self.name,
             "node_id": context.get_node_id(),
             "gpu_ids": list(ray.get_gpu_ids()),  # those Ray assigned (CUDA_VISIBLE_DEVICES)
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),  # "": none
             "pid": os.getpid(),
             "torch_threads": torch.get_num_threads(),
         }

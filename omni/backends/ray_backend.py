@@ -69,7 +69,7 @@ class RayBackend:
             nodes = self.session.node_resources()
             num_gpus = sum(n.get("GPU", 0.0) for n in nodes)
             what = f"the Ray cluster has {num_gpus:g} GPUs ({len(nodes)} nodes)"
-            self.config = config = plan_gpus(config, cuda_available=num_gpus > 0, what=what)
+            self.config = config = plan_gpus(config, num_gpus=num_gpus, what=what)
             check_resources(config, nodes)
             self._check_free()
             if config.runtime.placement != "none":
@@ -140,9 +140,11 @@ class RayBackend:
             where["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=self._bundle[name]
             )
+        if not res.num_gpus:  # Ray 2.60 no longer hides the node's GPUs from such an actor
+            where["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
         return StageActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
             num_cpus=res.num_cpus,
-            num_gpus=res.num_gpus,
+            num_gpus=res.num_gpus or 0,
             resources=dict(res.custom) or None,
             max_concurrency=MAX_CONCURRENCY,
             **where,

@@ -48,11 +48,12 @@ class EngineConfig:
     """Model weights and activations: float32, bfloat16 or float16; null means bfloat16 on a
     GPU and float32 on the CPU."""
     device: str = "auto"
-    """Where weights, KV cache and activations live: cpu, cuda, or auto (the GPU Ray assigned
-    to this stage, else the GPU torch sees, else the CPU)."""
+    """Where weights, KV cache and activations live: cpu, cuda, or auto (a GPU when the stage
+    has one, resources.num_gpus > 0 or planned so, else the CPU; see omni/config/devices.py)."""
     gpu_memory_utilization: float | None = None
     """Share (0 < x <= 1) of its GPU's memory this stage may use on a GPU (weights, KV and
-    output caches, activations); null means resources.num_gpus when that is a fraction, else 0.9."""
+    output caches, activations); null means 0.9 of the stage's GPU fraction (resources.num_gpus,
+    planned when null), 0.9 for a whole GPU. Shares on one GPU may sum to at most 0.95."""
     output_cache_device: str = "cpu"
     """Where a GPU stage keeps its stage-output cache: cpu (pinned host memory, written by
     asynchronous copies) or cuda (GPU memory)."""

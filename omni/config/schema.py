@@ -57,23 +57,31 @@ class ResourcesConfig:
 
     num_cpus: float = 1.0
     """CPUs reserved for the actor (fractions allowed, e.g. 0.5 to share a core)."""
-    num_gpus: float = 0.0
-    """GPUs reserved for the actor."""
+    num_gpus: float | None = None
+    """GPUs the stage takes (on Ray, reserves for its actor): 0 none (the stage runs on the CPU),
+    a fraction such as 0.5 shares one; null is planned from the machine or cluster: none
+    without GPUs, else gpu_share (omni/config/devices.py)."""
+    gpu_share: float | None = None
+    """The fraction of a GPU (0 < x <= 1) a stage whose num_gpus is null takes when there are
+    GPUs; null: 0.1 for a generation stage, and the ar stages split what is left of one GPU."""
     custom: dict[str, float] = field(default_factory=dict)
     """Ray custom resources, e.g. {node_a: 1} to pin the stage to a labelled node."""
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self.num_cpus >= 0, self, "num_cpus", ">= 0")
-        require(self.num_gpus >= 0, self, "num_gpus", ">= 0")
+        require(self.num_gpus is None or self.num_gpus >= 0, self, "num_gpus", ">= 0 or null")
+        share = self.gpu_share
+        require(share is None or 0 < share <= 1, self, "gpu_share", "in (0, 1] or null")
         for key, amount in self.custom.items():
             require(amount >= 0, self, f"custom.{key}", ">= 0", amount)
             # Ray refuses these as custom resource names; point at the real fields instead.
             require(key not in ("CPU", "GPU"), self, f"custom.{key}", "num_cpus/num_gpus", amount)
 
     def as_ray_resources(self) -> dict[str, float]:
-        """Non-zero requests keyed as Ray reports node resources (CPU, GPU, custom names)."""
-        wanted = {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.custom}
+        """Non-zero requests keyed as Ray reports node resources (CPU, GPU, custom names); a
+        null num_gpus (not planned yet, see omni/config/devices.py) requests no GPU."""
+        wanted = {"CPU": self.num_cpus, "GPU": self.num_gpus or 0.0, **self.custom}
         return {k: v for k, v in wanted.items() if v > 0}
 
 

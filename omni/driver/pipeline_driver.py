@@ -43,10 +43,8 @@ def start_backend(config: OmniConfig) -> StageBackend:
 
         from omni.backends.local import LocalBackend
 
-        cuda = torch.cuda.is_available()
-        config = plan_gpus(
-            config, cuda_available=cuda, what="torch sees no CUDA GPU on this machine"
-        )
+        num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        config = plan_gpus(config, num_gpus=num_gpus, what="torch sees no CUDA GPU on this machine")
         return LocalBackend(config, processors)
     from omni.backends.ray_backend import RayBackend
 

@@ -22,7 +22,7 @@ import logging
 import os
 
 from omni.config import ConfigError, StageConfig
-from omni.config.devices import DEFAULT_UTILIZATION
+from omni.config.devices import memory_share
 
 logger = logging.getLogger(__name__)
 
@@ -122,12 +122,9 @@ def num_kv_blocks(config: StageConfig, block_bytes: int, max_model_len: int) -> 
 
 def gpu_memory_utilization(config: StageConfig) -> float:
     """engine.gpu_memory_utilization; null (a StageConfig the driver did not plan, see
-    omni/config/devices.py) means a fractional resources.num_gpus, else 0.9."""
+    omni/config/devices.py) means 0.9 of a fractional resources.num_gpus, else 0.9."""
     share = config.engine.gpu_memory_utilization
-    if share is not None:
-        return share
-    fraction = config.resources.num_gpus
-    return fraction if 0 < fraction < 1 else DEFAULT_UTILIZATION
+    return memory_share(config.resources.num_gpus) if share is None else share
 
 
 def gpu_blocks_that_fit(

@@ -3,9 +3,11 @@
 `resolve_device` turns `engine.device` into a torch.device: "cpu" is the CPU; "cuda" is cuda:0,
 which under Ray is the stage's own GPU (Ray sets CUDA_VISIBLE_DEVICES to the GPUs it assigned the
 actor, so the first visible one is the stage's) and on the local backend the first GPU torch
-sees; "auto" is cuda:0 when torch sees a GPU, else the CPU (an actor that reserved no GPU sees
-none under Ray). The driver refuses impossible requests before anything loads
-(omni/config/devices.py); the engine checks again here, last, before it loads weights.
+sees; "auto" is cuda:0 when torch sees a GPU, else the CPU. A Ray actor that reserved no GPU
+runs on the CPU: the backend starts it with CUDA_VISIBLE_DEVICES="" and, should a GPU be visible
+anyway, "auto" there is the CPU and "cuda" an error. The driver refuses impossible requests
+before anything loads (omni/config/devices.py); the engine checks again here, last, before it
+loads weights.
 
 `profile_peak_bytes` measures what a CUDA stage needs besides its KV cache: the weights plus the
 activations of one forward of max_num_batched_tokens tokens (omni/engine/cache_sizing.py turns
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -31,9 +34,18 @@ CPU = torch.device("cpu")
 
 def resolve_device(config: StageConfig) -> torch.device:
     """The stage's torch device (see the module docstring); a ConfigError naming the stage and
-    `stages.<name>.engine.device` when it asks for CUDA and torch sees none."""
+    `stages.<name>.engine.device` when it asks for CUDA and torch sees none, or it runs in a Ray
+    actor that reserved no GPU."""
     requested = config.engine.device
     if requested == "cpu":
+        return CPU
+    if _in_ray_actor_without_gpus():
+        # Ray 2.60 no longer hides the GPUs from such an actor; the driver planned it on the CPU.
+        if requested == "cuda":
+            raise config_error(
+                f"stages.{config.name}.engine.device",
+                "is cuda, but this Ray actor reserved no GPU (resources.num_gpus)",
+            )
         return CPU
     available = torch.cuda.is_available()
     if requested == "cuda" and not available:
@@ -44,6 +56,17 @@ def resolve_device(config: StageConfig) -> torch.device:
             f"CUDA {build}); use cpu or auto, or reserve a GPU with resources.num_gpus on Ray",
         )
     return torch.device("cuda", 0) if available else CPU
+
+
+def _in_ray_actor_without_gpus() -> bool:
+    """Whether this process is a Ray actor to which Ray assigned no GPU (the local backend's
+    process, a Ray driver, is none)."""
+    ray = sys.modules.get("ray")  # imported by every Ray worker; never imported here for this
+    if ray is None or not ray.is_initialized():
+        return False
+    if ray.get_runtime_context().get_actor_id() is None:
+        return False
+    return not ray.get_gpu_ids()
 
 
 def resolve_dtype(config: StageConfig, device: torch.device) -> torch.dtype:

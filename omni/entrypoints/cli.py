@@ -4,7 +4,7 @@
              [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--max-tokens N] [--output-wav PATH]
              [--stream]
     omni convert-gguf GGUF OUT_DIR [--dtype float32|bfloat16|float16]
-    omni validate CONFIG [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--model DIR]
+    omni validate CONFIG [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--model DIR] [--num-gpus N]
     omni serve [CONFIG] [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
                [--api-key KEY] [--set ...] [--var ...] [--allowed-local-media-path DIR]
                [--allow-remote-media]
@@ -12,7 +12,9 @@
 `--model DIR` is `--var MODEL=DIR` (configs say `model: ${MODEL}/thinker`). `--set` overrides any
 config key by its path, stages by name: `--set stages.thinker.engine.num_blocks=512`
 (values parse as YAML). `validate` is torch-free (only omni.config) and exits with status 2 and
-the message on a bad config; `run` and `serve` do the same before loading any model. `serve`
+the message on a bad config; it also prints each stage's placement (device, GPU share, memory
+share, dtype) planned for `--num-gpus` GPUs (default: those this machine shows). `run` and
+`serve` exit the same way before loading any model. `serve`
 takes CONFIG or only `--model DIR` (omni/stage_configs/<model_type>.yaml, or a one-stage causal LM).
 """
 
@@ -24,6 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from omni.config import ConfigError, OmniConfig, config_for_model, load_config
+from omni.config.devices import describe_plan, plan_gpus
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -92,8 +95,17 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("out_dir", help="a new (or empty) output directory")
     convert.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
 
-    validate = commands.add_parser("validate", help="check a config and print its stage graph")
+    validate = commands.add_parser(
+        "validate", help="check a config and print its stage graph and device plan"
+    )
     config_args(validate)
+    validate.add_argument(
+        "--num-gpus",
+        type=float,
+        metavar="N",
+        help="plan for N GPUs (default: the NVIDIA GPUs this machine shows; a Ray cluster's "
+        "may differ)",
+    )
 
     serve = commands.add_parser("serve", help="serve the pipeline over an OpenAI-compatible API")
     config_args(serve, optional=True)
@@ -120,11 +132,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _convert(args)
     try:
         config = _load(args)
+        if args.command == "validate":
+            num_gpus = machine_gpus() if args.num_gpus is None else args.num_gpus
+            text = summary(config) + "\n" + plan_summary(config, num_gpus)
     except ConfigError as e:
         print(f"omni: config error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if args.command == "validate":
-        print(summary(config))
+        print(text)
         return 0
     if args.command == "serve":
         return _serve(args, config)
@@ -180,10 +195,12 @@ def summary(config: OmniConfig) -> str:
             else ("prefix caching" if e.enable_prefix_caching else "no caching")
         )
         custom = "".join(f", {k}={v:g}" for k, v in r.custom.items())
+        gpus = "planned" if r.num_gpus is None else f"{r.num_gpus:g}"
         lines.append(f"  stage {name}: {s.kind} {s.adapter} model={s.model}")
         lines.append(
             f"    engine: {e.num_blocks or 'auto'} blocks x {e.block_size} tokens, {caching}, "
-            f"{e.dtype}; resources: cpus={r.num_cpus:g}, gpus={r.num_gpus:g}{custom}"
+            f"dtype {e.dtype or 'null'}; "
+            f"resources: cpus={r.num_cpus:g}, gpus={gpus}{custom}"
         )
     edges = [f"  {up} -> {s.name} ({s.input_processor})" for s in config.stages for up in s.inputs]
     lines.append("edges:" if edges else "edges: none")
@@ -191,6 +208,42 @@ def summary(config: OmniConfig) -> str:
     roots = ", ".join(s.name for s in config.root_stages)
     lines.append(f"root stage(s): {roots}; final stage: {config.final_stage.name}")
     return "\n".join(lines)
+
+
+def plan_summary(config: OmniConfig, num_gpus: float) -> str:
+    """Where each stage runs with `num_gpus` GPUs (omni/config/devices.py): device, the GPU
+    (fraction) it takes, its memory share and dtype; a ConfigError when the plan cannot hold."""
+    planned = plan_gpus(config, num_gpus=num_gpus, what=f"--num-gpus is {num_gpus:g}")
+    lines = [f"device plan with {num_gpus:g} GPU(s):"]
+    for p in describe_plan(config, planned):
+        if p.device == "cpu":
+            where = "cpu"
+        else:
+            source = " (planned)" if p.planned else ""
+            where = (
+                f"cuda, {p.num_gpus:.3g} GPU{source}, memory share {p.gpu_memory_utilization:.3g}"
+            )
+        lines.append(f"  {p.name}: {where}, {p.dtype}")
+    return "\n".join(lines)
+
+
+def machine_gpus() -> int:
+    """The NVIDIA GPUs this process would see, without torch: the driver's list
+    (/proc/driver/nvidia/gpus), cut to CUDA_VISIBLE_DEVICES when that is set (CUDA stops at the
+    first negative id, so "" and "-1" hide them all)."""
+    try:
+        found = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        found = 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return found
+    count = 0
+    for device in visible.split(","):
+        if not device.strip() or device.strip().startswith("-"):
+            break
+        count += 1
+    return min(count, found)
 
 
 def _convert(args: argparse.Namespace) -> int:

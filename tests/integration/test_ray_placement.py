@@ -104,15 +104,15 @@ class TestFakeGpus:
     def test_gpu_requests_that_cannot_hold_fail_before_any_actor(self, qwen2_dir, llama_dir):
         cases = {
             "stages.a.resources.num_gpus": (
-                {"stages.a.engine.device": "cuda"},
-                "device cuda on Ray needs a GPU reserved",
+                {"stages.a.engine.device": "cuda", "stages.a.resources.num_gpus": 0},
+                r"is 0 \(no GPU\), but engine.device is cuda",
             ),
             "stages.a.engine.gpu_memory_utilization": (
                 {
                     "stages.a.resources.num_gpus": 0.5,
                     "stages.a.engine.gpu_memory_utilization": 0.8,
                 },
-                "0.8 is more than the 0.5 GPU the stage reserves",
+                "0.8 is more than the 0.5 GPU the stage takes",
             ),
         }
         for field, (overrides, message) in cases.items():
@@ -139,6 +139,36 @@ class TestFakeGpus:
             pg_id = omni.backend.pg.id.hex()
         assert_removed(pg_id)
 
+    def test_null_num_gpus_is_planned_and_zero_hides_the_gpus(self, qwen2_dir, llama_dir):
+        with Omni(two_stage_config(qwen2_dir, llama_dir, **SMALL)) as omni:  # num_gpus null
+            placement = omni.backend.placement
+            assert [s.resources.num_gpus for s in omni.backend.config.stages] == [0.5, 0.5]
+            for name in ("a", "b"):
+                assert len(placement[name]["gpu_ids"]) == 1
+                assert placement[name]["cuda_visible_devices"] == str(placement[name]["gpu_ids"][0])
+        wait_all_free()
+        cpu_b = {**SMALL, "stages.b.resources.num_gpus": 0}
+        with Omni(two_stage_config(qwen2_dir, llama_dir, **cpu_b)) as omni:
+            placement = omni.backend.placement
+            assert omni.backend.config.stage("a").resources.num_gpus == 1.0  # all of the GPU
+            assert placement["b"]["gpu_ids"] == []
+            assert placement["b"]["cuda_visible_devices"] == ""  # torch there sees no GPU
+            assert omni.stats()["b"]["device"] == "cpu"
+            generate_ok(omni)
+
+    def test_auto_is_the_cpu_in_an_actor_without_gpus_even_if_one_is_visible(self):
+        # No CUDA_VISIBLE_DEVICES="" here: resolve_device's own guard, with torch claiming a GPU.
+        no_gpu = DeviceProbe.options(num_gpus=0).remote()  # type: ignore[attr-defined]
+        one_gpu = DeviceProbe.options(num_gpus=1).remote()  # type: ignore[attr-defined]
+        try:
+            assert ray.get(no_gpu.resolve.remote("auto"), timeout=60) == "cpu"
+            refused = ray.get(no_gpu.resolve.remote("cuda"), timeout=60)
+            assert "stages.a.engine.device: is cuda, but this Ray actor reserved no GPU" in refused
+            assert ray.get(one_gpu.resolve.remote("auto"), timeout=60) == "cuda:0"
+        finally:
+            ray.kill(no_gpu)
+            ray.kill(one_gpu)
+
     def test_too_many_gpus_fail_at_once(self, qwen2_dir, llama_dir):
         gpus = {"stages.a.resources.num_gpus": 2, "stages.b.resources.num_gpus": 1}
         started = time.monotonic()
@@ -146,6 +176,25 @@ class TestFakeGpus:
             Omni(two_stage_config(qwen2_dir, llama_dir, **SMALL, **gpus))
         assert time.monotonic() - started < 5
         assert ray.available_resources().get("GPU") == 2  # nothing left holding them
+
+
+@ray.remote
+class DeviceProbe:
+    def resolve(self, device: str) -> str:
+        """resolve_device of a stage asking for `device`, in an actor whose torch claims a GPU
+        (as on a GPU node, where Ray 2.60 hides none from an actor that reserved none)."""
+        import torch
+
+        from omni.config import load_config
+        from omni.engine.device import resolve_device
+
+        torch.cuda.is_available = lambda: True  # this actor's process only
+        stage = {"name": "a", "model": "m", "engine": {"device": device}}
+        config = load_config({"stages": [stage]}, check_models=False).stages[0]
+        try:
+            return str(resolve_device(config))
+        except ConfigError as e:
+            return str(e)
 
 
 @ray.remote

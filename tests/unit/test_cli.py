@@ -43,6 +43,28 @@ def test_validate_model_and_set(model, capsys):
     assert "64 blocks x 16 tokens" in capsys.readouterr().out
 
 
+def test_validate_prints_the_device_plan(tmp_path, capsys, monkeypatch):
+    omni_dir = tmp_path / "omni"
+    omni_dir.mkdir()
+    (omni_dir / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni"}))
+    argv = ["validate", str(REPO / "omni" / "stage_configs" / "qwen2_5_omni.yaml")]
+    argv += ["--model", str(omni_dir)]
+    assert main([*argv, "--num-gpus", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "device plan with 1 GPU(s):" in out
+    assert "  thinker: cuda, 0.65 GPU (planned), memory share 0.585, bfloat16" in out
+    assert "  talker: cuda, 0.25 GPU (planned), memory share 0.225, bfloat16" in out
+    assert "  token2wav: cuda, 0.1 GPU (planned), memory share 0.09, float32" in out
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the default: the GPUs this process sees
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "device plan with 0 GPU(s):\n  thinker: cpu, float32\n  talker: cpu, float32" in out
+    too_much = ["--set", "stages.thinker.resources.gpu_share=0.8", "--num-gpus", "1"]
+    assert main([*argv, *too_much]) == 2
+    err = capsys.readouterr().err
+    assert "stages.thinker.resources.gpu_share=0.8, stages.talker.resources.gpu_share" in err
+
+
 @pytest.mark.parametrize(
     ("extra", "fragments"),
     [

@@ -57,7 +57,7 @@ def test_defaults(model):
     on = dataclasses.replace(a.engine, fused_kernels=True)
     assert not on.resolved_fused_kernels(on_gpu=False)  # the CPU keeps transformers' modules
     assert a.engine.outputs_cached and a.num_threads == 1
-    assert a.resources == ResourcesConfig(num_cpus=1.0, num_gpus=0.0, custom={})
+    assert a.resources == ResourcesConfig(num_cpus=1.0, num_gpus=None, custom={})
     assert a.sampling == SamplingParams()
     # An empty YAML section (`engine:`) loads as None and means all defaults.
     assert load_config(one(model, engine=None, sampling=None)).stage("a") == a
