@@ -54,13 +54,15 @@ def batch_ladder(max_num_seqs: int) -> list[int]:
     return [*sizes, max_num_seqs]
 
 
-def suffix_ladder(max_num_batched_tokens: int) -> list[int]:
-    return [t for t in SUFFIX_SIZES if t <= max_num_batched_tokens]
+def suffix_ladder(max_suffix_tokens: int) -> list[int]:
+    """Suffix sizes up to min(max_num_batched_tokens, max_model_len): a step feeds no more, and
+    the padding sequence's block table must fit the table width."""
+    return [t for t in SUFFIX_SIZES if t <= max_suffix_tokens]
 
 
-def num_scratch_blocks(max_num_seqs: int, max_num_batched_tokens: int, block_size: int) -> int:
+def num_scratch_blocks(max_num_seqs: int, max_suffix_tokens: int, block_size: int) -> int:
     """KV blocks past the pool that hold the padding tokens' keys (one slot per padding row)."""
-    return -(-max(max_num_seqs, *suffix_ladder(max_num_batched_tokens), 1) // block_size)
+    return -(-max(max_num_seqs, *suffix_ladder(max_suffix_tokens), 1) // block_size)
 
 
 @dataclass
@@ -91,7 +93,7 @@ class DecodeGraphs:
         self.block_size = block_size
         self.device = device
         self.batch_sizes = batch_ladder(max_num_seqs)
-        self.suffix_sizes = suffix_ladder(max_num_batched_tokens)
+        self.suffix_sizes = suffix_ladder(min(max_num_batched_tokens, max_model_len))
         self.shapes: list[Shape] = [(b, b) for b in self.batch_sizes]
         self.shapes += [(2, t) for t in self.suffix_sizes]
         self.scratch_slot = num_blocks * block_size  # padding row i writes slot scratch + i

@@ -69,7 +69,8 @@ class ModelRunner:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         scratch = 0
         if padded_decode:
-            scratch = num_scratch_blocks(max_num_seqs, max_num_batched_tokens, block_size)
+            max_suffix = min(max_num_batched_tokens, max_model_len)
+            scratch = num_scratch_blocks(max_num_seqs, max_suffix, block_size)
         self.kv_caches = allocate_kv_caches(
             model.num_layers,
             num_blocks + scratch,

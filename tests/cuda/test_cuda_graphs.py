@@ -14,7 +14,7 @@ from transformers import AutoConfig
 
 from omni.core.sampling_params import SamplingParams
 from omni.messages import StageInput
-from omni.runtime.decode_graphs import batch_ladder
+from omni.runtime.decode_graphs import batch_ladder, suffix_ladder
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 
@@ -53,8 +53,10 @@ def test_graph_replay_equals_transformers_and_eager(family, name):
             ours.tensors["hidden_states"], base.tensors["hidden_states"], rtol=1e-4, atol=1e-4
         )
     stats = graphs.stats()
-    max_num_seqs = graphs.config.engine.max_num_seqs
-    assert stats["cuda_graphs"] == len(batch_ladder(max_num_seqs)), stats
+    engine = graphs.config.engine
+    max_suffix = min(engine.max_num_batched_tokens, engine.max_model_len or 4096)
+    num_shapes = len(batch_ladder(engine.max_num_seqs)) + len(suffix_ladder(max_suffix))
+    assert stats["cuda_graphs"] == num_shapes, stats
     assert stats["graph_steps"] > 0, stats
     if name == "ladder-32":  # 13 requests decode in the bucket of 16
         assert stats["padded_rows"] > 0, stats

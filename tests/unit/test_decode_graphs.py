@@ -32,6 +32,7 @@ def test_ladder_and_scratch():
     assert num_scratch_blocks(17, 8, 16) == 2
     assert num_scratch_blocks(5, 8, 4) == 2
     assert num_scratch_blocks(5, 2048, 16) == 16  # a suffix of 256
+    assert num_scratch_blocks(5, 100, 16) == 4  # max_model_len 100: suffixes up to 64
 
 
 def _entry(request_id: str, num_tokens: int = 1, *, new=False, sample=True) -> ScheduledRequest:
@@ -40,11 +41,17 @@ def _entry(request_id: str, num_tokens: int = 1, *, new=False, sample=True) -> S
 
 def test_shapes_of_decode_batches_and_suffixes(qwen2_dir):
     engine = make_engine(
-        qwen2_dir, block_size=4, cuda_graphs=True, max_num_seqs=6, max_num_batched_tokens=64
+        qwen2_dir,
+        device="cpu",
+        block_size=4,
+        cuda_graphs=True,
+        max_num_seqs=6,
+        max_num_batched_tokens=64,
+        max_model_len=48,  # suffixes up to 32: the padding sequence fits the table width
     )
     graphs = engine.runner.decode_graphs
     assert graphs is not None and graphs.batch_sizes == [1, 2, 4, 6]
-    assert graphs.suffix_sizes == [16, 32, 64]
+    assert graphs.suffix_sizes == [16, 32]
     decode = [_entry(f"r{i}") for i in range(3)]
     shape_for = graphs.shape_for
     assert shape_for(decode) == (4, 4)
@@ -55,8 +62,8 @@ def test_shapes_of_decode_batches_and_suffixes(qwen2_dir):
     # One request's sampled suffix: padded to the next size with room for a padding sequence.
     assert shape_for([_entry("p", 5, new=True)]) == (2, 16)
     assert shape_for([_entry("p", 16)]) == (2, 32)
-    assert shape_for([_entry("p", 63)]) == (2, 64)
-    assert shape_for([_entry("p", 64)]) is None
+    assert shape_for([_entry("p", 31)]) == (2, 32)
+    assert shape_for([_entry("p", 32)]) is None
     assert shape_for([]) is None
     assert shape_for([*decode, _entry("p", 5)]) is None  # a prefill chunk beside decodes
     assert shape_for([_entry("p", 5, sample=False)]) is None  # a chunk that samples nothing
@@ -68,8 +75,10 @@ def test_suffixes_after_prefix_hits_equal_eager(qwen2_dir):
     padding sequence over the scratch blocks), with the tokens and pool KV of eager steps."""
     prompts = shared_prefix_prompts(200, num_prompts=6)
     params = SamplingParams(max_tokens=3, ignore_eos=True)
-    padded = make_engine(qwen2_dir, block_size=4, cuda_graphs=True, max_num_batched_tokens=64)
-    plain = make_engine(qwen2_dir, block_size=4, max_num_batched_tokens=64)
+    padded = make_engine(
+        qwen2_dir, device="cpu", block_size=4, cuda_graphs=True, max_num_batched_tokens=64
+    )
+    plain = make_engine(qwen2_dir, device="cpu", block_size=4, max_num_batched_tokens=64)
     shapes = []
     shape_for = padded.runner.decode_graphs.shape_for
     padded.runner.decode_graphs.shape_for = lambda s: shapes.append(shape_for(s)) or shapes[-1]
@@ -91,8 +100,8 @@ def test_padding_rows_write_scratch_only(qwen2_dir):
     block past the pool, and the pool's blocks hold exactly what an unpadded run wrote."""
     prompts = shared_prefix_prompts(200, num_prompts=3)[:3]
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    padded = make_engine(qwen2_dir, block_size=4, cuda_graphs=True, max_num_seqs=4)
-    plain = make_engine(qwen2_dir, block_size=4, max_num_seqs=4)
+    padded = make_engine(qwen2_dir, device="cpu", block_size=4, cuda_graphs=True, max_num_seqs=4)
+    plain = make_engine(qwen2_dir, device="cpu", block_size=4, max_num_seqs=4)
     got = run_engine(padded, prompts, params)
     want = run_engine(plain, prompts, params)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
@@ -115,10 +124,10 @@ def test_triton_path_takes_the_static_metadata(qwen2_dir, monkeypatch):
 
     prompts = shared_prefix_prompts(200, num_prompts=3)[:3]
     params = SamplingParams(max_tokens=4, ignore_eos=True)
-    plain = make_engine(qwen2_dir, block_size=4)
+    plain = make_engine(qwen2_dir, device="cpu", block_size=4)
     want = run_engine(plain, prompts, params)
     monkeypatch.setattr(attention, "uses_triton", lambda device: True)
-    engine = make_engine(qwen2_dir, block_size=4, cuda_graphs=True, max_num_seqs=4)
+    engine = make_engine(qwen2_dir, device="cpu", block_size=4, cuda_graphs=True, max_num_seqs=4)
     seen = []
     forward = engine.runner.decode_graphs._forward
 

@@ -34,15 +34,22 @@ def randn(*shape, dtype=torch.float32, scale=1.0, seed=0):
 
 def assert_ulp_close(got, want):
     """Within one unit in the last place of the dtype (plus float32 noise near zero), and the
-    same dtype and shape."""
+    same dtype and shape; two on a GPU, whose exp2 and rsqrt are hardware approximations
+    (measured on an H200: fp16 SiLU 1.3 ulp)."""
     assert got.dtype == want.dtype and got.shape == want.shape
-    tol = ULP[want.dtype]
+    tol = ULP[want.dtype] * (2 if DEVICE == "cuda" else 1)
     torch.testing.assert_close(got.float().cpu(), want.float().cpu(), rtol=tol, atol=tol * 1e-2)
 
 
 def assert_bit_equal(got, want):
     assert got.dtype == want.dtype and got.shape == want.shape
     assert torch.equal(got.cpu(), want.cpu()), (got.float() - want.float()).abs().max()
+
+
+def assert_products_equal(got, want):
+    """Sums of products: bit-equal under the interpreter; on a GPU within one ulp, since the
+    compiler contracts a multiply and an add into one FMA (one rounding instead of two)."""
+    (assert_ulp_close if DEVICE == "cuda" else assert_bit_equal)(got, want)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -148,7 +155,7 @@ def test_rotary_on_a_fused_qkv_buffer(dtype, heads, head_dim):
     want = rotary_reference(
         before.view(9, total, head_dim)[:, : num_heads + num_kv_heads], cos, sin
     )
-    assert_bit_equal(view[:, : num_heads + num_kv_heads], want)
+    assert_products_equal(view[:, : num_heads + num_kv_heads], want)
     assert_bit_equal(
         view[:, num_heads + num_kv_heads :], before.view(9, total, head_dim)[:, -num_kv_heads:]
     )

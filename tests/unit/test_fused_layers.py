@@ -127,8 +127,11 @@ def test_generate_greedy_tokens_equal(family):
     want = model.generate(ids, return_dict_in_generate=True, **kw)
     got = fused.generate(ids, return_dict_in_generate=True, **kw)
     assert got.sequences.tolist() == want.sequences.tolist()
+    # On a GPU the fused q/k/v and gate/up GEMMs take other cuBLAS kernels than the separate
+    # ones, so bf16 rounding differs in places (measured on an H200: up to 2e-3 absolute).
+    atol = 1e-2 if DEVICE == "cuda" else 0.0
     torch.testing.assert_close(
-        torch.stack(got.logits), torch.stack(want.logits), atol=0, rtol=2**-7
+        torch.stack(got.logits), torch.stack(want.logits), atol=atol, rtol=2**-7
     )
 
 
