@@ -66,9 +66,12 @@ from typing import TypeVar  # noqa: E402
 
 import torch  # noqa: E402
 from gpu_checkpoints import decoder_checkpoint, omni_checkpoint  # noqa: E402
+from gpu_decode import decode_section  # noqa: E402
+from gpu_decode_report import report_decode  # noqa: E402
 from gpu_decoder import prefix_pass, steps_section  # noqa: E402
 from gpu_omni import hf_section, omni_section  # noqa: E402
 from gpu_report import report_omni, report_prefix, report_steps  # noqa: E402
+from gpu_targets import Target, print_targets  # noqa: E402
 from gpu_timing import device_line, release  # noqa: E402
 
 from tools.make_tiny_checkpoint import count_parameters  # noqa: E402
@@ -134,19 +137,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-batch", type=int_list, default=[16, 64])
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--decode-prompt-tokens", type=int, default=128)
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="decode part: torch.profiler over a few decode steps, graphs on and off (GPU busy)",
+    )
+    p.add_argument("--profile-steps", type=int, default=8, help="decode steps profiled")
+    p.add_argument("--profile-skip", type=int, default=3, help="full decode steps before them")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="checkpoint weights seed")
     p.add_argument(
         "--skip",
         action="append",
         default=[],
-        choices=["hf", "omni", "prefix", "steps"],
-        help="leave a part out (repeatable)",
+        choices=["hf", "omni", "prefix", "steps", "decode", "hf-dynamic", "hf-static"],
+        help="leave a part out (repeatable); hf-dynamic / hf-static: a baseline of the decode part",
     )
     args = p.parse_args(argv)
-    for name in ("prompt_tokens", "text_tokens", "codec_tokens", "prefix_requests"):
+    for name in (
+        "prompt_tokens", "text_tokens", "codec_tokens", "prefix_requests", "profile_steps",
+        "profile_skip",
+    ):  # fmt: skip
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.decode_tokens < 2:
+        p.error("--decode-tokens must be >= 2 (one prefill token, then decode steps)")
     if args.text_tokens < 2:
         p.error("--text-tokens must be >= 2 (the talker starts from the thinker's second token)")
     args.decoder_layout = "0.5b" if args.size == "7b" else "tiny"
@@ -167,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     print(device_line(args.device), flush=True)
     start = time.perf_counter()
     failed: list[str] = []
+    targets: list[Target] = []
 
     def attempt(part: str, fn: Callable[[], T]) -> T | None:
         """Run one part; a failure is printed and the other parts still run (a short device
@@ -195,9 +211,9 @@ def main(argv: list[str] | None = None) -> None:
         if "omni" not in args.skip:
             ours = attempt("omni", lambda: asyncio.run(omni_section(omni_dir, tokenizer, args)))
         if hf is not None or ours is not None:
-            report_omni(hf, ours, args)
+            targets += report_omni(hf, ours, args)
 
-    if not {"prefix", "steps"} <= set(args.skip):
+    if not {"prefix", "steps", "decode"} <= set(args.skip):
         decoder_dir = prepare(
             f"\ndecoder checkpoint ({args.decoder_layout} layout, random weights)",
             lambda: decoder_checkpoint(args.decoder_layout, args.device, args.seed),
@@ -213,13 +229,19 @@ def main(argv: list[str] | None = None) -> None:
 
             prefix = attempt("prefix", both)
             if prefix is not None:
-                report_prefix(prefix, args)
+                targets += report_prefix(prefix, args)
         if "steps" not in args.skip:
             steps = attempt(
                 "steps", lambda: asyncio.run(steps_section(decoder_dir, tokenizer, args))
             )
             if steps is not None:
                 report_steps(steps, args)
+        if "decode" not in args.skip:
+            decode = attempt("decode", lambda: decode_section(decoder_dir, tokenizer, args))
+            if decode is not None:
+                failed.extend(f"decode ({name})" for name in decode["errors"])
+                targets += report_decode(decode, args)
+    print_targets(targets, "\n## Issue 20's table, every part of this run")
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
     if failed:
         raise SystemExit(f"parts that failed: {', '.join(failed)}")
