@@ -21,15 +21,29 @@ Prints the device, then (each part optional, see --skip):
 4. steps: the same decoder, --decode-batch requests decoding together; the live StageEngine's
    `scheduler.schedule`, `runner.execute`, `update` and `step` (and its host's `run_once`) are
    wrapped with timers: the CPU time of schedule + update per decode step as a share of the step.
+5. decode: the same decoder, omni's decode step at each --decode-batch B with CUDA graphs on and
+   off (`engine.cuda_graphs` true / false; on the CPU true is the padded eager path): StageEngine
+   step wall time over the steps where all B requests decode, tokens/s, start-up (the AsyncOmni
+   constructor, capture included) and the stage's cuda_graph_capture_s / cuda_graph_bytes;
+   against transformers' `generate` on the same weights and prompts, batched: dynamic cache and
+   `cache_implementation="static"` (compiled with CUDA graphs on a GPU; --skip hf-dynamic /
+   hf-static leave one out). --profile adds a torch.profiler window of --profile-steps decode
+   steps at B=min(16, max B) in both modes: GPU busy share (kernel time / wall) and kernel and
+   graph launches per step.
+
+Each of parts 2, 3 and 5 prints its rows of issue 20's table (what, omni, transformers, target,
+met) after its own tables, and all of them are printed again together at the end. A verdict is
+given only on the issue's layouts and workload on a GPU ('-' otherwise).
 
 Random weights: the text and the audio are noise; only the timings mean anything. Nothing about
 timings is asserted; ratios are against the baseline measured in the same run. A part that fails
 is reported (traceback) and the others still run; the exit status is then non-zero.
 
 This file holds the command line and runs the parts: parts 1 and 2 are in bench/gpu_omni.py,
-3 and 4 in bench/gpu_decoder.py, their prompts and engine overrides in bench/gpu_workload.py,
-the tables in bench/gpu_report.py, the step timers and device helpers in bench/gpu_timing.py
-and the checkpoints in bench/gpu_checkpoints.py.
+3 and 4 in bench/gpu_decoder.py, 5 in bench/gpu_decode.py (its tables in
+bench/gpu_decode_report.py), their prompts and engine overrides in bench/gpu_workload.py, the
+other tables in bench/gpu_report.py, the issue's table in bench/gpu_targets.py, the step timers
+and device helpers in bench/gpu_timing.py and the checkpoints in bench/gpu_checkpoints.py.
 
 Checkpoints are written once into the checkpoint cache (<repo>/.cache/checkpoints, or
 $OMNI_CACHE_DIR/checkpoints) and reused: the 7B layout takes about 21 GiB of disk, the 0.5B
@@ -38,9 +52,13 @@ layout 1 GiB. On the lent GPU machine (no network, no Ray, an older transformers
 
     python bench/gpu.py [--device cuda|cpu] [--size 7b|tiny] [--requests 16,64] [--single 3]
         [--hf-requests 3] [--prompt-tokens 200] [--text-tokens 64] [--codec-tokens 256]
-        [--prefix-tokens 4096] [--decode-batch 16,64] [--skip hf|omni|prefix|steps ...]
-    python bench/gpu.py --device cpu --size tiny --requests 2,4 --single 1 --hf-requests 1 \\
-        --prefix-tokens 512 --decode-batch 2,4 --decode-tokens 16     # a smoke test on a CPU
+        [--prefix-tokens 4096] [--decode-batch 16,64] [--decode-tokens 128] [--profile]
+        [--skip hf|omni|prefix|steps|decode|hf-dynamic|hf-static ...]
+    python bench/gpu.py --profile                      # every part, issue 20's table (GPU)
+    python bench/gpu.py --profile --skip hf --skip omni --skip prefix --skip steps  # decode only
+    python bench/gpu.py --device cpu --size tiny --requests 2 --single 1 --hf-requests 1 \\
+        --prefix-tokens 256 --prefix-requests 2 --decode-batch 2,4 --decode-tokens 8 --profile \\
+        --skip hf --skip omni                          # a smoke test on a CPU (about a minute)
 """
 
 from __future__ import annotations

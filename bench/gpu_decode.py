@@ -228,6 +228,8 @@ def hf_pass(
             )
     finally:
         del model
+        if cache == "static" and args.device == "cuda":
+            torch._dynamo.reset()  # the compiled forward and its graphs hold the weights
         release(args.device)
     return rows
 
@@ -240,8 +242,10 @@ def decode_section(model_dir: str, tokenizer: Any, args: argparse.Namespace) -> 
 
     out: dict[str, Any] = {"omni": {}, "hf": {}, "errors": []}
     if args.profile:
-        # libkineto initialises on its first use, and only on the thread that registered torch's
-        # client (this one): an empty profile here, before ProfileWindow starts one elsewhere.
+        # An empty profile here, on the main thread and before any graph of this part is
+        # captured: libkineto initialises on its first use, and only on the thread that
+        # registered torch's client; and graphs captured before the profiler's first use may
+        # replay untraced (torch.profiler._utils._init_for_cuda_graphs does the same).
         from torch.profiler import ProfilerActivity, profile
 
         cuda = [ProfilerActivity.CUDA] if args.device == "cuda" else []

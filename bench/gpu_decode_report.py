@@ -131,7 +131,8 @@ def report_decode(results: dict[str, Any], args: argparse.Namespace) -> list[Tar
 def _startup(omni: dict[bool, dict | None]) -> None:
     print(
         "\nstart-up: the AsyncOmni constructor (weights, KV pool, warm-up forward, capture of "
-        "the ladder); graphs on ran first (cold caches are its cost)\n"
+        "the ladder); graphs on ran first (cold caches are its cost); fused modules: the "
+        "stage's modules running omni's fused Triton kernels (engine.fused_kernels, default)\n"
     )
     rows = []
     for graphs, result in omni.items():
@@ -145,9 +146,11 @@ def _startup(omni: dict[bool, dict | None]) -> None:
                 str(stats.get("cuda_graphs", 0)),
                 f"{stats.get('cuda_graph_capture_s', 0.0):.2f}",
                 f"{stats.get('cuda_graph_bytes', 0) / MIB:.0f}",
+                str(stats.get("fused_modules", "-")),
             )
         )
-    table(("omni", "start-up s", "graphs captured", "capture s", "capture MiB"), rows)
+    header = ("omni", "start-up s", "graphs captured", "capture s", "capture MiB", "fused modules")
+    table(header, rows)
 
 
 def _profile(omni: dict[bool, dict | None], args: argparse.Namespace) -> None:

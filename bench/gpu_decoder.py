@@ -1,6 +1,7 @@
 """Parts 3 and 4 of bench/gpu.py on a plain decoder as a one-stage pipeline: time to first token
 on a shared prefix, prefix caching on and off (prefix_pass), and the live engine's step split
-into its parts while requests decode together (steps_section)."""
+into its parts while requests decode together (steps_section). Part 5 (bench/gpu_decode.py)
+drives its engines with the same decode_overrides, decode_batch and timed_levels."""
 
 from __future__ import annotations
 

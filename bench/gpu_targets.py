@@ -7,7 +7,7 @@ from __future__ import annotations
 from bench_table import table
 
 Target = tuple[str, str, str, str, str]
-HEADER = ("what", "omni", "transformers, same GPU", "target", "met")
+HEADER = ("what", "omni", "transformers, same device", "target", "met")
 
 
 def verdict(ok: bool | None) -> str:
