@@ -147,6 +147,8 @@ async def omni_pass(
                 timer.take()
         finally:
             timer.uninstall()
+            if window is not None and window.prof is not None and not window.done:
+                window.prof.stop()  # the batch ended inside the window: summary() says so
         profile = window.summary() if window is not None else None
     release(args.device)
     return {"startup_s": startup_s, "stats": stats, "levels": levels, "profile": profile}
