@@ -21,15 +21,29 @@ Prints the device, then (each part optional, see --skip):
 4. steps: the same decoder, --decode-batch requests decoding together; the live StageEngine's
    `scheduler.schedule`, `runner.execute`, `update` and `step` (and its host's `run_once`) are
    wrapped with timers: the CPU time of schedule + update per decode step as a share of the step.
+5. decode: the same decoder, omni's decode step at each --decode-batch B with CUDA graphs on and
+   off (`engine.cuda_graphs` true / false; on the CPU true is the padded eager path): StageEngine
+   step wall time over the steps where all B requests decode, tokens/s, start-up (the AsyncOmni
+   constructor, capture included) and the stage's cuda_graph_capture_s / cuda_graph_bytes;
+   against transformers' `generate` on the same weights and prompts, batched: dynamic cache and
+   `cache_implementation="static"` (compiled with CUDA graphs on a GPU; --skip hf-dynamic /
+   hf-static leave one out). --profile adds a torch.profiler window of --profile-steps decode
+   steps at B=min(16, max B) in both modes: GPU busy share (kernel time / wall) and kernel and
+   graph launches per step.
+
+Each of parts 2, 3 and 5 prints its rows of issue 20's table (what, omni, transformers, target,
+met) after its own tables, and all of them are printed again together at the end. A verdict is
+given only on the issue's layouts and workload on a GPU ('-' otherwise).
 
 Random weights: the text and the audio are noise; only the timings mean anything. Nothing about
 timings is asserted; ratios are against the baseline measured in the same run. A part that fails
 is reported (traceback) and the others still run; the exit status is then non-zero.
 
 This file holds the command line and runs the parts: parts 1 and 2 are in bench/gpu_omni.py,
-3 and 4 in bench/gpu_decoder.py, their prompts and engine overrides in bench/gpu_workload.py,
-the tables in bench/gpu_report.py, the step timers and device helpers in bench/gpu_timing.py
-and the checkpoints in bench/gpu_checkpoints.py.
+3 and 4 in bench/gpu_decoder.py, 5 in bench/gpu_decode.py (its tables in
+bench/gpu_decode_report.py), their prompts and engine overrides in bench/gpu_workload.py, the
+other tables in bench/gpu_report.py, the issue's table in bench/gpu_targets.py, the step timers
+and device helpers in bench/gpu_timing.py and the checkpoints in bench/gpu_checkpoints.py.
 
 Checkpoints are written once into the checkpoint cache (<repo>/.cache/checkpoints, or
 $OMNI_CACHE_DIR/checkpoints) and reused: the 7B layout takes about 21 GiB of disk, the 0.5B
@@ -38,9 +52,13 @@ layout 1 GiB. On the lent GPU machine (no network, no Ray, an older transformers
 
     python bench/gpu.py [--device cuda|cpu] [--size 7b|tiny] [--requests 16,64] [--single 3]
         [--hf-requests 3] [--prompt-tokens 200] [--text-tokens 64] [--codec-tokens 256]
-        [--prefix-tokens 4096] [--decode-batch 16,64] [--skip hf|omni|prefix|steps ...]
-    python bench/gpu.py --device cpu --size tiny --requests 2,4 --single 1 --hf-requests 1 \\
-        --prefix-tokens 512 --decode-batch 2,4 --decode-tokens 16     # a smoke test on a CPU
+        [--prefix-tokens 4096] [--decode-batch 16,64] [--decode-tokens 128] [--profile]
+        [--skip hf|omni|prefix|steps|decode|hf-dynamic|hf-static ...]
+    python bench/gpu.py --profile                      # every part, issue 20's table (GPU)
+    python bench/gpu.py --profile --skip hf --skip omni --skip prefix --skip steps  # decode only
+    python bench/gpu.py --device cpu --size tiny --requests 2 --single 1 --hf-requests 1 \\
+        --prefix-tokens 256 --prefix-requests 2 --decode-batch 2,4 --decode-tokens 8 --profile \\
+        --skip hf --skip omni                          # a smoke test on a CPU (about a minute)
 """
 
 from __future__ import annotations
@@ -66,9 +84,12 @@ from typing import TypeVar  # noqa: E402
 
 import torch  # noqa: E402
 from gpu_checkpoints import decoder_checkpoint, omni_checkpoint  # noqa: E402
+from gpu_decode import decode_section  # noqa: E402
+from gpu_decode_report import report_decode  # noqa: E402
 from gpu_decoder import prefix_pass, steps_section  # noqa: E402
 from gpu_omni import hf_section, omni_section  # noqa: E402
 from gpu_report import report_omni, report_prefix, report_steps  # noqa: E402
+from gpu_targets import Target, print_targets  # noqa: E402
 from gpu_timing import device_line, release  # noqa: E402
 
 from tools.make_tiny_checkpoint import count_parameters  # noqa: E402
@@ -134,19 +155,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-batch", type=int_list, default=[16, 64])
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--decode-prompt-tokens", type=int, default=128)
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="decode part: torch.profiler over a few decode steps, graphs on and off (GPU busy)",
+    )
+    p.add_argument("--profile-steps", type=int, default=8, help="decode steps profiled")
+    p.add_argument("--profile-skip", type=int, default=3, help="full decode steps before them")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="checkpoint weights seed")
     p.add_argument(
         "--skip",
         action="append",
         default=[],
-        choices=["hf", "omni", "prefix", "steps"],
-        help="leave a part out (repeatable)",
+        choices=["hf", "omni", "prefix", "steps", "decode", "hf-dynamic", "hf-static"],
+        help="leave a part out (repeatable); hf-dynamic / hf-static: a baseline of the decode part",
     )
     args = p.parse_args(argv)
-    for name in ("prompt_tokens", "text_tokens", "codec_tokens", "prefix_requests"):
+    for name in (
+        "prompt_tokens", "text_tokens", "codec_tokens", "prefix_requests", "profile_steps",
+        "profile_skip",
+    ):  # fmt: skip
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.decode_tokens < 2:
+        p.error("--decode-tokens must be >= 2 (one prefill token, then decode steps)")
     if args.text_tokens < 2:
         p.error("--text-tokens must be >= 2 (the talker starts from the thinker's second token)")
     args.decoder_layout = "0.5b" if args.size == "7b" else "tiny"
@@ -167,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     print(device_line(args.device), flush=True)
     start = time.perf_counter()
     failed: list[str] = []
+    targets: list[Target] = []
 
     def attempt(part: str, fn: Callable[[], T]) -> T | None:
         """Run one part; a failure is printed and the other parts still run (a short device
@@ -195,9 +229,9 @@ def main(argv: list[str] | None = None) -> None:
         if "omni" not in args.skip:
             ours = attempt("omni", lambda: asyncio.run(omni_section(omni_dir, tokenizer, args)))
         if hf is not None or ours is not None:
-            report_omni(hf, ours, args)
+            targets += report_omni(hf, ours, args)
 
-    if not {"prefix", "steps"} <= set(args.skip):
+    if not {"prefix", "steps", "decode"} <= set(args.skip):
         decoder_dir = prepare(
             f"\ndecoder checkpoint ({args.decoder_layout} layout, random weights)",
             lambda: decoder_checkpoint(args.decoder_layout, args.device, args.seed),
@@ -213,13 +247,19 @@ def main(argv: list[str] | None = None) -> None:
 
             prefix = attempt("prefix", both)
             if prefix is not None:
-                report_prefix(prefix, args)
+                targets += report_prefix(prefix, args)
         if "steps" not in args.skip:
             steps = attempt(
                 "steps", lambda: asyncio.run(steps_section(decoder_dir, tokenizer, args))
             )
             if steps is not None:
                 report_steps(steps, args)
+        if "decode" not in args.skip:
+            decode = attempt("decode", lambda: decode_section(decoder_dir, tokenizer, args))
+            if decode is not None:
+                failed.extend(f"decode ({name})" for name in decode["errors"])
+                targets += report_decode(decode, args)
+    print_targets(targets, "\n## Issue 20's table, every part of this run")
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
     if failed:
         raise SystemExit(f"parts that failed: {', '.join(failed)}")

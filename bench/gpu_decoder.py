@@ -1,6 +1,7 @@
 """Parts 3 and 4 of bench/gpu.py on a plain decoder as a one-stage pipeline: time to first token
 on a shared prefix, prefix caching on and off (prefix_pass), and the live engine's step split
-into its parts while requests decode together (steps_section)."""
+into its parts while requests decode together (steps_section). Part 5 (bench/gpu_decode.py)
+drives its engines with the same decode_overrides, decode_batch and timed_levels."""
 
 from __future__ import annotations
 
@@ -60,38 +61,58 @@ async def prefix_pass(model_dir: str, tokenizer: Any, args: argparse.Namespace, 
 
 
 # ---- 4. decoder: CPU time of a decode step -------------------------------------------------------
-async def steps_section(model_dir: str, tokenizer: Any, args: argparse.Namespace) -> list[dict]:
+def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The decoder engine of parts 4 and 5: max(--decode-batch) sequences of prompt + budget."""
     seqs = max(args.decode_batch)
     tokens = args.decode_prompt_tokens + args.decode_tokens
-    overrides = decoder_overrides(args, True, seqs, tokens, -(-(tokens + 64) // 16) * 16)
-    params = SamplingParams(max_tokens=args.decode_tokens, ignore_eos=True)
+    return decoder_overrides(args, True, seqs, tokens, -(-(tokens + 64) // 16) * 16)
+
+
+async def decode_batch(
+    engine: AsyncOmni, tokenizer: Any, args: argparse.Namespace, batch: int, key: int, tokens: int
+) -> float:
+    """`batch` distinct --decode-prompt-tokens prompts launched at once, each decoding exactly
+    `tokens` tokens; returns the wall time."""
+    prompts = [
+        random_ids(tokenizer, args.decode_prompt_tokens, (6, key, batch, i)) for i in range(batch)
+    ]
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+
+    async def one(ids: list[int]) -> None:
+        async for _ in engine.generate(ids, params):
+            pass
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in prompts))
+    return time.perf_counter() - start
+
+
+async def timed_levels(
+    engine: AsyncOmni, timer: StepTimer, tokenizer: Any, args: argparse.Namespace
+) -> list[dict]:
+    """A warm-up, then each --decode-batch B: its wall, the timer's step records and the
+    decoder stage's stats before and after (engine.stats()["llm"])."""
+    await decode_batch(engine, tokenizer, args, min(args.decode_batch), 0, 8)
+    timer.take()  # the warm-up's steps
     out = []
-    async with AsyncOmni(model=model_dir, **overrides) as engine:
+    for batch in args.decode_batch:
+        before = engine.stats()["llm"]
+        wall = await decode_batch(engine, tokenizer, args, batch, 1, args.decode_tokens)
+        records = timer.take()
+        after = engine.stats()["llm"]
+        out.append(
+            {"batch": batch, "wall": wall, "records": records, "before": before, "after": after}
+        )
+    return out
+
+
+async def steps_section(model_dir: str, tokenizer: Any, args: argparse.Namespace) -> list[dict]:
+    async with AsyncOmni(model=model_dir, **decode_overrides(args)) as engine:
         host = cast(Any, engine._driver().backend).hosts["llm"]
         timer = StepTimer()
         timer.install(host)
         try:
-
-            async def run(batch: int, key: int, params: SamplingParams) -> float:
-                prompts = [
-                    random_ids(tokenizer, args.decode_prompt_tokens, (6, key, batch, i))
-                    for i in range(batch)
-                ]
-
-                async def one(ids: list[int]) -> None:
-                    async for _ in engine.generate(ids, params):
-                        pass
-
-                start = time.perf_counter()
-                await asyncio.gather(*(one(p) for p in prompts))
-                return time.perf_counter() - start
-
-            await run(min(args.decode_batch), 0, SamplingParams(max_tokens=8, ignore_eos=True))
-            timer.take()  # the warm-up's steps
-            for batch in args.decode_batch:
-                wall = await run(batch, 1, params)
-                records = timer.take()
-                out.append({"batch": batch, "wall": wall, "records": records})
+            out = await timed_levels(engine, timer, tokenizer, args)
         finally:
             timer.uninstall()
     release(args.device)

@@ -1,5 +1,7 @@
 """The tables and verdicts bench/gpu.py prints: report_omni (omni vs transformers, where the
-time goes, the targets), report_prefix and report_steps (the decoder parts)."""
+time goes, the targets), report_prefix and report_steps (the decoder parts). report_omni and
+report_prefix return their rows of issue 20's table (bench/gpu_targets.py); the decode part's
+are in bench/gpu_decode_report.py."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import statistics
 
 import numpy as np
 from bench_table import table
+from gpu_targets import Target, print_targets, verdict
 from gpu_timing import StepRecord
 from gpu_workload import STAGES
 
@@ -28,7 +31,7 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(clean, q)) if clean else float("nan")
 
 
-def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) -> None:
+def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) -> list[Target]:
     print(
         f"\n## Qwen2.5-Omni ({args.size} layout): omni vs transformers, {args.prompt_tokens}-token "
         f"prompt, {args.text_tokens} text tokens, {args.codec_tokens} codec codes"
@@ -147,38 +150,117 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
             )
         table(where_header, where)
 
-    print("\ntargets (same GPU and workload; reported, never asserted):")
+    targets = omni_targets(hf, ours, args)
+    print_targets(targets, "omni targets")
+    if args.size == "7b":
+        print(ISSUE_SCALE)
+    return targets
+
+
+def omni_targets(hf: dict | None, ours: dict | None, args: argparse.Namespace) -> list[Target]:
+    """The issue's Qwen2.5-Omni rows. Per-token times of a single request: thinker ms/token =
+    (thinker finished - first token) / (text tokens - 1), talker ms/code likewise from its first
+    and last code (the stages' timings, p50 over the single requests)."""
+    issue = args.size == "7b" and args.device == "cuda"
+    hf_rps = 1 / statistics.mean(r["e2e"] for r in hf["rows"]) if hf else None
+    hf_e2e_ms = f"{1e3 / hf_rps:,.0f} ms" if hf_rps else "n/a"
+    levels = dict(ours["levels"]) if ours is not None else {}
+    rows: list[Target] = []
+    layout = f"Qwen2.5-Omni {args.size} layout"
+
+    def rps(level: dict) -> float:
+        return len(level["rows"]) / level["wall"]
+
     single = levels.get("single")
     if single is not None:
-        ttfa = pct([r["ttfa"] for r in single["rows"]], 50) * 1e3
-        print(
-            f"  first audio, single request: p50 {ttfa:.0f} ms (target < 500 ms): {_ok(ttfa < 500)}"
+        got = single["rows"]
+        ttfa = pct([r["ttfa"] for r in got], 50) * 1e3
+        rows.append(
+            (
+                f"{layout}, first audio, one request (p50)",
+                f"{ttfa:,.0f} ms",
+                hf_e2e_ms,
+                "<= 500 ms",
+                verdict(ttfa <= 500 if issue else None),
+            )
         )
-    for label, level in levels.items():
-        if label == "single" or hf_rps is None:
-            continue
-        ratio = len(level["rows"]) / level["wall"] / hf_rps
-        goal = " (target >= 10x at 16)" if label == "16" else ""
-        verdict = f": {_ok(ratio >= 10)}" if label == "16" else ""
-        print(
-            f"  throughput at {label} concurrent: {ratio:.2f}x transformers one by one{goal}{verdict}"
+        ratio = rps(single) / hf_rps if hf_rps else None
+        rows.append(
+            (
+                "same, req/s one at a time",
+                f"{ratio:.2f}x HF" if ratio else f"{rps(single):.3f} req/s",
+                "1.00" if hf_rps else "n/a",
+                ">= 1.5x",
+                verdict(ratio >= 1.5 if issue and ratio else None),
+            )
+        )
+        thinker = _per_token(got, "thinker", "text")
+        talker = _per_token(got, "talker", "codes")
+        rows.append(
+            (
+                "same, one request: thinker per token / talker per code",
+                f"{_ms(thinker)} / {_ms(talker)} ms",
+                "-",
+                "<= 10 ms / <= 5 ms",
+                verdict(
+                    thinker <= 0.010 and talker <= 0.005
+                    if issue and not math.isnan(thinker + talker)
+                    else None
+                ),
+            )
+        )
+    concurrent = [(label, level) for label, level in levels.items() if label != "single"]
+    if concurrent:
+        label, level = next(((c, v) for c, v in concurrent if c == "16"), concurrent[0])
+        ratio = rps(level) / hf_rps if hf_rps else None
+        p99 = pct([r["ttfa"] for r in level["rows"]], 99)
+        shown = f"{ratio:.2f}x HF" if ratio else f"{rps(level):.3f} req/s"
+        rows.append(
+            (
+                f"same, {label} at once",
+                f"{shown}, first audio p99 {p99:.2f} s",
+                "1.00" if hf_rps else "n/a",
+                ">= 10x, p99 <= 1.5 s",
+                verdict(ratio >= 10 and p99 <= 1.5 if issue and ratio and label == "16" else None),
+            )
         )
     for label, level in levels.items():
         rtf = pct([r["rtf"] for r in level["rows"]], 50)
-        print(f"  RTF p50 at C={label}: {rtf:.3f} (target < 0.3): {_ok(rtf < 0.3)}")
-    if hf is not None:
-        hf_e2e = statistics.mean(r["e2e"] for r in hf["rows"])
-        hf_rtf = pct([r["rtf"] for r in hf["rows"]], 50)
-        print(f"  transformers here: {hf_e2e:.2f} s per request, RTF {hf_rtf:.2f}")
-    if args.size == "7b":
-        print(f"  {ISSUE_SCALE}")
+        rows.append(
+            (
+                f"same, RTF p50 at C={label}",
+                f"{rtf:.3f}",
+                _hf_rtf(hf),
+                "< 0.3",
+                verdict(rtf < 0.3 if issue else None),
+            )
+        )
+    return rows
 
 
-def _ok(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
+def _per_token(rows: list[dict], stage: str, count: str) -> float:
+    """p50 over requests of (stage finished - first token) / (tokens - 1), seconds (nan when a
+    request made one token or its timings are missing)."""
+    values = [
+        (r[f"{stage} finished_s"] - r[f"{stage} first_token_s"]) / (r[count] - 1)
+        if r[count] > 1 and f"{stage} finished_s" in r and f"{stage} first_token_s" in r
+        else float("nan")
+        for r in rows
+    ]
+    return pct(values, 50)
 
 
-def report_prefix(results: dict[bool, tuple[list[dict], float | None]], args) -> None:
+def _ms(seconds: float) -> str:
+    return "n/a" if math.isnan(seconds) else f"{seconds * 1e3:.1f}"
+
+
+def _hf_rtf(hf: dict | None) -> str:
+    return "-" if hf is None else f"{pct([r['rtf'] for r in hf['rows']], 50):.2f}"
+
+
+def report_prefix(
+    results: dict[bool, tuple[list[dict], float | None]], args: argparse.Namespace
+) -> list[Target]:
     n = args.prefix_requests
     print(
         f"\n## Decoder ({args.decoder_layout} layout): time to first token on a shared "
@@ -206,13 +288,26 @@ def report_prefix(results: dict[bool, tuple[list[dict], float | None]], args) ->
         )
     header = ("req", "TTFT on ms", "hit tokens on", "TTFT off ms", "hit off", "off / on")
     table(header, rows)
-    if n > 1:
-        on = statistics.mean(r["ttft"] for r in results[True][0][1:])
-        off = statistics.mean(r["ttft"] for r in results[False][0][1:])
-        print(
-            f"\nrequests 2..{n}: TTFT caching on {on * 1e3:.1f} ms, off {off * 1e3:.1f} ms: "
-            f"{off / on:.2f}x faster with caching"
+    warm = slice(1, None) if n > 1 else slice(None)  # request 1 is cold either way
+    on = statistics.mean(r["ttft"] for r in results[True][0][warm])
+    off = statistics.mean(r["ttft"] for r in results[False][0][warm])
+    which = f"requests 2..{n}" if n > 1 else "request 1"
+    print(
+        f"\n{which}: TTFT caching on {on * 1e3:.1f} ms, off {off * 1e3:.1f} ms: "
+        f"{off / on:.2f}x faster with caching"
+    )
+    issue = args.decoder_layout == "0.5b" and args.device == "cuda" and args.prefix_tokens == 4096
+    targets: list[Target] = [
+        (
+            f"{args.prefix_tokens}-token shared prefix, TTFT cached vs uncached ({which})",
+            f"{on * 1e3:.1f} vs {off * 1e3:.1f} ms ({off / on:.2f}x)",
+            "-",
+            "cached >= 4x faster, <= 6 ms",
+            verdict(off / on >= 4 and on <= 0.006 if issue else None),
         )
+    ]
+    print_targets(targets, "prefix targets")
+    return targets
 
 
 def report_steps(levels: list[dict], args: argparse.Namespace) -> None:

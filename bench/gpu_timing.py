@@ -9,6 +9,7 @@ import os
 import platform
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,9 +43,13 @@ class StepTimer:
 
     Wall time (perf_counter) for every part, plus the stepping thread's CPU time
     (time.thread_time) for schedule and update: they do no device work, so their CPU time is
-    what the host spends on scheduling and bookkeeping per step."""
+    what the host spends on scheduling and bookkeeping per step.
+
+    on_record, when set, is called with each record on the stepping thread right after its host
+    turn (bench/gpu_decode.py starts and stops the profiler there, between steps)."""
 
     records: list[StepRecord] = field(default_factory=list)
+    on_record: Callable[[StepRecord], None] | None = None
     _current: StepRecord | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _wrapped: list[tuple[Any, str]] = field(default_factory=list)
@@ -98,6 +103,8 @@ class StepTimer:
                 record.host_s = time.perf_counter() - w0
                 with self._lock:
                     self.records.append(record)
+                if self.on_record is not None:
+                    self.on_record(record)
             return out
 
         scheduler.schedule, runner.execute = timed_schedule, timed_execute
