@@ -95,6 +95,7 @@ class StageHost:
         self._outbox: list[StageEvent] = []
         self._stopped = False
         self.loop_error: str | None = None
+        self._fatal_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         if not threaded:
             self.engine = engine or create_engine(config)
@@ -237,6 +238,10 @@ class StageHost:
             return True
         except BaseException as e:
             logger.exception("stage %r: engine loop died", self.name)
+            if fatal_device_error(e) is not None:
+                # Kept, never freed: freeing the failed step's tensors on a lost CUDA context
+                # can abort the process (their allocator cannot record its stream events).
+                self._fatal_error = e
             with self._cond:
                 self.loop_error = f"stage {self.name!r}: {loop_death(e)}"
                 self._stopped = True

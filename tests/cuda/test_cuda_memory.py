@@ -132,11 +132,14 @@ with Omni(config) as omni:
     start = time.monotonic()
     report["errors"] = [o.error for o in omni.generate([[5, 6], [7, 8, 9]], use_tqdm=False)]
     report["seconds"] = time.monotonic() - start
+    print("REPORT " + json.dumps(report), flush=True)
     try:
         omni.generate([[10, 11]], use_tqdm=False)
     except RuntimeError as e:
         report["refused"] = str(e)
-print("REPORT " + json.dumps(report))
+    print("REPORT " + json.dumps(report), flush=True)
+report["shut_down"] = True
+print("REPORT " + json.dumps(report), flush=True)
 """
 
 
@@ -149,9 +152,13 @@ def test_a_device_side_assert_ends_the_stage(qwen2_dir, llama_dir):
     )
     lines = [line for line in child.stdout.splitlines() if line.startswith("REPORT ")]
     assert lines, child.stdout[-2000:] + child.stderr[-4000:]
-    report = json.loads(lines[0].removeprefix("REPORT "))
-    print(f"\n{report}")
+    report = json.loads(lines[-1].removeprefix("REPORT "))
+    print(f"\n{report}, exit status {child.returncode}")
     assert report["before"] is None and report["seconds"] < 60
     for error in report["errors"]:
         assert "stage 'b': died of a CUDA error" in error and "device-side assert" in error
     assert "stage 'b': died of a CUDA error" in report["refused"]
+    # Not asserted: whether the process then shuts down cleanly. A first run (H200, torch 2.11)
+    # saw torch abort it from a tensor's destructor (its allocator could not record a CUDA
+    # event on the lost context) before this report was printed; docs/gpu.md says so.
+    print(f"shut down cleanly: {bool(report.get('shut_down')) and child.returncode == 0}")
