@@ -66,3 +66,35 @@ def run_engine(
         engine.add_request(StageInput(f"{prefix}{i}", prompt, params))
     results = {r.request_id: r for r in engine.run_until_done()}
     return [results[f"{prefix}{i}"] for i in range(len(prompts))]
+
+
+class FakeGpu:
+    """A GPU allocator as plain numbers, for the KV-sizing wiring without a GPU: its `readings()`
+    stand in for torch.cuda's (omni.engine.gpu_profile.GpuReadings). A profiled step takes
+    `step_bytes` on top of what is allocated (e.g. its temporary KV pool), and `hold(n)` records
+    n more bytes held for a moment on top of those (a test model's forward)."""
+
+    def __init__(self, *, allocated: int, total: int, free: int, step_bytes: int = 0) -> None:
+        self.allocated, self.total, self.free, self.step_bytes = allocated, total, free, step_bytes
+        self.peak = allocated
+        self.num_releases = 0
+
+    def hold(self, num_bytes: int) -> None:
+        self.peak = max(self.peak, self.allocated + self.step_bytes + num_bytes)
+
+    def readings(self):
+        from omni.engine.gpu_profile import GpuReadings
+
+        def reset_peak() -> None:
+            self.peak = self.allocated + self.step_bytes
+
+        def release() -> None:
+            self.num_releases += 1
+
+        return GpuReadings(
+            allocated=lambda: self.allocated,
+            max_allocated=lambda: self.peak,
+            reset_peak=reset_peak,
+            release=release,
+            mem_info=lambda: (self.free, self.total),
+        )

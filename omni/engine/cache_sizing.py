@@ -7,8 +7,8 @@ too-large pool is otherwise found out by the kernel's OOM killer, gigabytes late
 
 On a GPU (`gpu_num_blocks`) the pool is what is left of the stage's share of its GPU
 (`engine.gpu_memory_utilization` of the GPU's total memory) once the weights and the activations
-of one profiled forward of max_num_batched_tokens tokens are counted:
-blocks = (utilization * total - peak) // GPU bytes per block, capped like the CPU pool at
+of one profiled step of max_num_batched_tokens tokens (and the adapter's declared reserve) are
+counted: blocks = (utilization * total - peak) // GPU bytes per block, capped like the CPU pool at
 max_num_seqs sequences of max_model_len. The KV always sits on the GPU; the output rows count
 there only with `output_cache_device: cuda`. With the output cache in (pinned) host memory its
 rows are bounded on the host as on the CPU path (`kv_cache_memory` of the available host
@@ -214,16 +214,20 @@ def check_gpu_num_blocks(
     num_blocks: int,
     free_bytes: int,
     block_bytes: int,
+    step_bytes: int = 0,
     host_block_bytes: int = 0,
     host_available_bytes: int | None = None,
 ) -> int:
-    """An explicit engine.num_blocks on a GPU stage: its GPU bytes must be free now (weights
-    loaded) and its host-side output rows available; a ConfigError stating the bytes if not."""
+    """An explicit engine.num_blocks on a GPU stage: its GPU bytes plus step_bytes (what a
+    step allocates and frees again, and what the adapter may come to hold: the profile's
+    activations and reserve) must be free now (weights loaded), and its host-side output rows
+    available; a ConfigError stating the bytes if not."""
     where = f"stage {config.name!r}: stages.{config.name}.engine.num_blocks={num_blocks}"
     need = num_blocks * block_bytes
-    if need > free_bytes:
+    if need + step_bytes > free_bytes:
         raise ConfigError(
-            f"{where} needs {need:,} bytes of GPU memory ({block_bytes:,} per block) but "
+            f"{where} needs {need:,} bytes of GPU memory ({block_bytes:,} per block), plus "
+            f"{step_bytes:,} for a step's activations and the adapter's reserve, but "
             f"{free_bytes:,} bytes are free after loading the weights; lower it, or leave it "
             "null to size the pool from engine.gpu_memory_utilization"
         )

@@ -9,25 +9,18 @@ anyway, "auto" there is the CPU and "cuda" an error. The driver refuses impossib
 before anything loads (omni/config/devices.py); the engine checks again here, last, before it
 loads weights.
 
-`profile_peak_bytes` measures what a CUDA stage needs besides its KV cache: the weights plus the
-activations of one forward of max_num_batched_tokens tokens (omni/engine/cache_sizing.py turns
-that into a number of blocks).
+What a CUDA stage needs besides its KV cache is measured in omni/engine/gpu_profile.py.
 """
 
 from __future__ import annotations
 
-import gc
-import logging
 import sys
-from typing import Any
 
 import torch
 
 from omni.config import StageConfig
 from omni.config.validate import config_error
 from omni.engine.engine import DTYPES
-
-logger = logging.getLogger(__name__)
 
 CPU = torch.device("cpu")
 
@@ -84,51 +77,3 @@ def cuda_memory_stats(device: torch.device) -> dict[str, int]:
         "memory_allocated_bytes": int(torch.cuda.memory_allocated(device)),
         "memory_reserved_bytes": int(torch.cuda.memory_reserved(device)),
     }
-
-
-def free_cuda_memory(device: torch.device) -> None:
-    """Return what the caching allocator holds unused (after dropping temporary tensors)."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def profile_peak_bytes(
-    model: Any, *, block_size: int, num_tokens: int, num_sample_rows: int, device: torch.device
-) -> tuple[int, int]:
-    """(peak bytes, total bytes) of the stage's GPU: the most this process's tensors took during
-    one forward of `num_tokens` tokens plus the logits of `num_sample_rows` rows, with the
-    weights loaded and without the KV cache of that forward (a small temporary pool, freed);
-    total is the GPU's whole memory (torch.cuda.mem_get_info)."""
-    from omni.runtime.model_runner import ModelRunner  # the engine layer's only runtime peek
-
-    torch.cuda.synchronize(device)
-    free_cuda_memory(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    runner = ModelRunner(
-        model,
-        num_blocks=-(-num_tokens // block_size),
-        block_size=block_size,
-        output_cache=None,
-        device=device,
-    )
-    kv_bytes = runner.kv_cache_bytes
-    runner.profile_forward(num_tokens, num_sample_rows)
-    torch.cuda.synchronize(device)
-    peak = int(torch.cuda.max_memory_allocated(device)) - kv_bytes
-    del runner
-    free_cuda_memory(device)
-    _, total = torch.cuda.mem_get_info(device)
-    logger.info(
-        "profiled a forward of %d tokens on %s: peak %s bytes (weights + activations), GPU %s bytes",
-        num_tokens,
-        device,
-        f"{peak:,}",
-        f"{total:,}",
-    )
-    return peak, int(total)
-
-
-def cuda_free_bytes(device: torch.device) -> int:
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free)

@@ -26,6 +26,7 @@ from omni.core.scheduler import Scheduler, SchedulerConfig
 from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
 from omni.engine.device import cuda_memory_stats, dtype_name, resolve_device, resolve_dtype
 from omni.engine.engine import run_until_done
+from omni.engine.gpu_profile import allocated_bytes
 from omni.engine.graph_plan import fuse_kernels, padded_decode
 from omni.engine.output_rows import OutputRows
 from omni.engine.stage_memory import StageMemory
@@ -46,10 +47,14 @@ class StageEngine:
         # Checked even for an injected model: a stage asking for a GPU it has not is an error.
         device = resolve_device(config)
         dtype = resolve_dtype(config, device)
+        # This process's GPU memory before the stage's weights load: its own footprint is
+        # measured against it (on the local backend earlier stages hold the rest).
+        baseline = allocated_bytes(device)
         if model is None:
             model = get_adapter(config.adapter)(config.model, dtype=dtype, device=device)
         else:
             device = torch.device(getattr(model, "device", device))  # where its weights are
+            baseline = 0  # loaded before we saw it: everything the process holds counts
         self.model = model
         self.device = device
         self.dtype = dtype
@@ -66,6 +71,7 @@ class StageEngine:
             dtype=dtype,
             max_model_len=self.max_model_len,
             num_outputs=len(emits),
+            baseline_bytes=baseline,
         )
         self.num_blocks = memory.num_blocks
         self.kv = KVCacheManager(

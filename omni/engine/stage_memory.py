@@ -2,11 +2,14 @@
 its engine is built, from the loaded model's shapes and the stage's device and dtype.
 
 On the CPU the pool comes from `engine.num_blocks` or the `kv_cache_memory` budget, and the
-output cache sits in host memory. On a GPU `engine.num_blocks` is checked against the free GPU
-memory (the weights already loaded), or, when null, the pool is sized from
-`engine.gpu_memory_utilization` after a profiled forward of max_num_batched_tokens tokens; the
-output cache lives in pinned host memory (output_cache_device: cpu) or on the GPU (cuda). The
-arithmetic is in omni/engine/cache_sizing.py; this module measures what it needs and feeds it in.
+output cache sits in host memory. On a GPU the stage's footprint is profiled first (its weights
+against the baseline taken before it loaded, the activations of one step of
+max_num_batched_tokens tokens with top-k/top-p sampling of max_num_seqs rows, the adapter's
+extra work and reserve: omni/engine/gpu_profile.py). Then `engine.num_blocks` must fit in the
+free GPU memory beside a step's activations, or, when null, the pool is what is left of
+`engine.gpu_memory_utilization` of the GPU. The output cache lives in pinned host memory
+(output_cache_device: cpu) or on the GPU (cuda). The arithmetic is in
+omni/engine/cache_sizing.py; this module measures what it needs and feeds it in.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from omni.engine.cache_sizing import (
     num_kv_blocks,
     output_bytes_per_block,
 )
-from omni.engine.device import CPU, cuda_free_bytes, profile_peak_bytes
+from omni.engine.device import CPU
+from omni.engine.gpu_profile import GpuReadings, profile_stage
 from omni.runtime.stage_model import StageModel
 
 
@@ -46,9 +50,11 @@ class StageMemory:
         dtype: torch.dtype,
         max_model_len: int,
         num_outputs: int,
+        baseline_bytes: int = 0,
     ) -> StageMemory:
         """The pool and output-cache placement of a stage whose model is loaded on `device`;
-        num_outputs: how many per-token outputs its output cache keeps a row of per token."""
+        num_outputs: how many per-token outputs its output cache keeps a row of per token;
+        baseline_bytes: this process's GPU allocations before the model loaded."""
         itemsize = torch.finfo(dtype).bits // 8
         if device.type == "cuda":
             output_cache_device = device if config.engine.output_cache_device == "cuda" else CPU
@@ -60,6 +66,7 @@ class StageMemory:
                 num_outputs=num_outputs,
                 itemsize=itemsize,
                 output_cache_device=output_cache_device,
+                baseline_bytes=baseline_bytes,
             )
             return cls(num_blocks, output_cache_device)
         block_bytes = bytes_per_block(
@@ -83,11 +90,14 @@ def gpu_pool_num_blocks(
     num_outputs: int,
     itemsize: int,
     output_cache_device: torch.device,
+    baseline_bytes: int = 0,
+    readings: GpuReadings | None = None,
 ) -> int:
-    """The KV pool of a GPU stage: engine.num_blocks checked against the free GPU memory, or
-    sized from gpu_memory_utilization after a profiled forward of max_num_batched_tokens. The KV
-    always counts on the GPU; the output rows there only when the output cache lives there,
-    else on the host."""
+    """The KV pool of a GPU stage, after profiling its footprint against baseline_bytes:
+    engine.num_blocks checked against the free GPU memory beside a step's activations and the
+    adapter's reserve, or sized from gpu_memory_utilization. The KV always counts on the GPU;
+    the output rows there only when the output cache lives there, else on the host. readings:
+    the allocator's (tests inject them)."""
     engine = config.engine
     kv_block = kv_bytes_per_block(
         config,
@@ -105,25 +115,30 @@ def gpu_pool_num_blocks(
     on_gpu = output_cache_device.type == "cuda"
     gpu_block = kv_block + (out_block if on_gpu else 0)
     host_block = 0 if on_gpu else out_block
-    if engine.num_blocks is not None:
-        return check_gpu_num_blocks(
-            config,
-            num_blocks=engine.num_blocks,
-            free_bytes=cuda_free_bytes(device),
-            block_bytes=gpu_block,
-            host_block_bytes=host_block,
-        )
-    peak, total = profile_peak_bytes(
+    footprint = profile_stage(
         model,
         block_size=engine.block_size,
         num_tokens=min(engine.max_num_batched_tokens, max_model_len),
         num_sample_rows=engine.max_num_seqs,
         device=device,
+        baseline=baseline_bytes,
+        readings=readings,
     )
+    if engine.num_blocks is not None:
+        # Free bytes read with the allocator's cache handed back: what it holds unused would
+        # otherwise count as taken (on the local backend, the other stages' cached blocks too).
+        return check_gpu_num_blocks(
+            config,
+            num_blocks=engine.num_blocks,
+            free_bytes=footprint.free_bytes,
+            block_bytes=gpu_block,
+            step_bytes=footprint.activation_bytes + footprint.reserved_bytes,
+            host_block_bytes=host_block,
+        )
     return gpu_num_blocks(
         config,
-        total_bytes=total,
-        peak_bytes=peak,
+        total_bytes=footprint.total_bytes,
+        peak_bytes=footprint.peak_bytes,
         utilization=gpu_memory_utilization(config),
         block_bytes=gpu_block,
         max_model_len=max_model_len,

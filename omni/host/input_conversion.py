@@ -16,6 +16,7 @@ from typing import Any
 
 from omni.config import StageConfig
 from omni.engine import Engine
+from omni.host.device_errors import fatal_device_error
 from omni.host.piece_order import PieceOrder
 from omni.messages import PromptInput, RoutedDelta, RoutedInput, StageInput, StageResult
 from omni.registry import get_delta_processor
@@ -117,6 +118,8 @@ class InputConversion:
                 delta = get_delta_processor(str(self.config.input_processor))(item.piece)
                 engine.extend_request(delta)
             except Exception as e:
+                if fatal_device_error(e) is not None:
+                    raise  # the stage's end, not this request's (omni/host/device_errors.py)
                 engine.abort([request_id])
                 self._pieces.end(request_id)
                 why = f"stage {self.name!r} failed on streamed input of request {request_id!r}"

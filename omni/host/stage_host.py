@@ -3,7 +3,8 @@
 The host owns everything a stage does besides moving messages: converting routed inputs and
 streamed pieces (the edge's processors, omni/host/input_conversion.py), queueing requests in the
 engine, stepping it continuously while it has work, packing results, and turning every exception
-into an error result (this is the only place that does).
+into an error result (this is the only place that does); a CUDA error ends the stage instead
+(omni/host/device_errors.py): the loop stops, `poll` raises, the backend reports it dead.
 Backends only move messages: the local backend calls a host directly, the Ray backend wraps the
 same host in a thin actor (omni/backends/ray_actor.py) and supplies `pack`/`resolve` so that
 tensors travel through the object store.
@@ -31,6 +32,7 @@ from typing import Any
 
 from omni.config import StageConfig
 from omni.engine import Engine, create_engine
+from omni.host.device_errors import fatal_device_error, loop_death
 from omni.host.input_conversion import InputConversion, Processor, error_message
 from omni.messages import (
     EngineOutput,
@@ -93,6 +95,7 @@ class StageHost:
         self._outbox: list[StageEvent] = []
         self._stopped = False
         self.loop_error: str | None = None
+        self._fatal_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         if not threaded:
             self.engine = engine or create_engine(config)
@@ -235,8 +238,12 @@ class StageHost:
             return True
         except BaseException as e:
             logger.exception("stage %r: engine loop died", self.name)
+            if fatal_device_error(e) is not None:
+                # Kept, never freed: freeing the failed step's tensors on a lost CUDA context
+                # can abort the process (their allocator cannot record its stream events).
+                self._fatal_error = e
             with self._cond:
-                self.loop_error = f"stage {self.name!r}: engine loop died: {type(e).__name__}: {e}"
+                self.loop_error = f"stage {self.name!r}: {loop_death(e)}"
                 self._stopped = True
                 self._cond.notify_all()
             if self._on_event is not None:
@@ -248,6 +255,8 @@ class StageHost:
         try:
             self.engine.add_request(stage_input)
         except Exception as e:  # bad input, or an adapter hook tripping on it: this request alone
+            if fatal_device_error(e) is not None:
+                raise  # the stage's end, not this request's (omni/host/device_errors.py)
             rid = stage_input.request_id
             why = f"stage {self.name!r} rejected request {rid!r}: {error_message(e)}"
             return self._error(rid, why, stage_input.prompt_token_ids)
@@ -260,16 +269,21 @@ class StageHost:
         return [self._error(request_id, why) for request_id, why in failed]
 
     def _step(self) -> list[StageEvent]:
-        """One engine step. A step that raises fails the requests in flight, never the stage;
-        the engine resets its prefix cache, since the failed step may have registered blocks
-        whose KV it never wrote."""
+        """One engine step. A step that raises fails the requests in flight, never the stage
+        (but a CUDA error: device_errors.py); the engine resets its prefix cache, since the
+        failed step may have registered blocks whose KV it never wrote."""
         try:
             output: EngineOutput = self.engine.step()
         except Exception as e:
+            if fatal_device_error(e) is not None:
+                raise
             logger.exception("stage %r: engine step failed", self.name)
             return [
                 self._failed(r.request_id, e, r.prompt_token_ids) for r in self.engine.fail_all()
             ]
+        for error in output.failed.values():  # an engine that caught a request's error itself
+            if fatal_device_error(error) is not None:
+                raise error
         events: list[StageEvent] = list(output.updates)
         events.extend(self._finished(r) for r in output.finished)
         events.extend(self._failed(rid, e) for rid, e in output.failed.items())

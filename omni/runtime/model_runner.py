@@ -117,13 +117,16 @@ class ModelRunner:
     @torch.inference_mode()
     def profile_forward(self, num_tokens: int, num_sample_rows: int) -> None:
         """The largest step the scheduler can make, for memory profiling: one sequence of
-        num_tokens fed tokens, then the logits and sampling of num_sample_rows rows. Needs
-        ceil(num_tokens / block_size) KV blocks; nothing is cached or returned."""
+        num_tokens fed tokens, then the logits and sampling of num_sample_rows rows, all with
+        top-k and top-p (the costliest path: full-vocabulary sorts, softmax, cumsum, scatter).
+        Needs ceil(num_tokens / block_size) KV blocks; nothing is cached or returned."""
         batch = self._dummy_batch("__profile__", num_tokens)
         outputs = self.model.forward(batch.model_inputs)
         rows = max(1, min(num_sample_rows, num_tokens))
         logits = self.model.compute_logits(outputs.hidden_states[-rows:])
-        self.sampler(logits, [SamplingParams()] * rows, [0] * rows)
+        # Any top_k > 0 and top_p < 1 take the same full-vocabulary sorts.
+        costliest = SamplingParams(temperature=1.0, top_k=50, top_p=0.9)
+        self.sampler(logits, [costliest] * rows, [0] * rows)
 
     def _dummy_batch(self, request_id: str, num_tokens: int) -> PackedBatch:
         """A batch of one sequence of num_tokens zeros in blocks 0, 1, ... (no request kept)."""

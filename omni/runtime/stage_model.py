@@ -101,6 +101,15 @@ class StageModelBase:
         adapter cannot stream (the engine refuses input_complete=False unless overridden)."""
         raise ValueError(f"adapter {type(self).__name__} takes no streamed input")
 
+    reserved_bytes: int = 0
+    """Device bytes the adapter may come to hold between steps beyond its weights (e.g. an
+    encoder cache on the GPU); a GPU stage's KV sizing counts them as taken. Default: 0."""
+
+    def profile_extra_work(self) -> None:
+        """Called while a GPU stage's memory is profiled, after one forward of its largest step:
+        run what else a step may run (e.g. the encoders on one item of the largest size), so
+        that its activations count in the peak. Default: nothing else."""
+
 
 class StageModel(Protocol):
     """What an ar stage adapter provides (kind "ar": StageEngine and ModelRunner). Adapters load

@@ -29,6 +29,7 @@ from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_p
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
 from stages.causal_lm import load_kwargs
 from stages.qwen2_5_omni.encoder_cache import EncoderCache
+from stages.qwen2_5_omni.encoder_profile import largest_items, max_image_pixels
 
 
 @dataclass
@@ -110,6 +111,9 @@ class OmniThinkerAdapter(StageModelBase):
         self.merge_size = self.model.config.vision_config.spatial_merge_size
         self.position_id_per_seconds = self.model.config.position_id_per_seconds
         self.encoder_cache = EncoderCache(encoder_cache_bytes, encoder_cache_entries)
+        # Filled between steps up to its byte bound: a GPU stage's KV sizing counts it as taken.
+        self.reserved_bytes = encoder_cache_bytes
+        self.max_image_pixels = max_image_pixels(model_dir)  # what the processor resizes to
         self.encoder_runs: Counter[str] = Counter()  # "image"/"audio" -> tower calls
         self._mrope: dict[str, _MropeState] = {}
 
@@ -259,24 +263,7 @@ class OmniThinkerAdapter(StageModelBase):
         cached = self.encoder_cache.get(identifier)
         if cached is not None:
             return cached
-        inner = self.model.model
-        device = self.device
-        if item.modality == "image":
-            # Copies: arrays that came through Ray are read-only, which torch warns about.
-            pixels = torch.tensor(np.asarray(extras["pixel_values"][item.index]))
-            pixels = pixels.to(device, inner.visual.dtype)
-            grid = torch.tensor(np.asarray(extras["image_grid_thw"][item.index])).view(1, 3)
-            features = inner.get_image_features(
-                pixels, grid.to(device), return_dict=True
-            ).pooler_output[0]
-        else:
-            feats = torch.tensor(np.asarray(extras["input_features"][item.index])).unsqueeze(0)
-            mask = torch.tensor(np.asarray(extras["feature_attention_mask"][item.index]))
-            features = inner.get_audio_features(
-                feats.to(device, inner.audio_tower.dtype),
-                mask.view(1, -1).long().to(device),
-                return_dict=True,
-            ).last_hidden_state
+        features = self._tower(item.modality, extras, item.index)
         self.encoder_runs[item.modality] += 1
         if features.shape[0] != item.mm.length:
             raise RuntimeError(
@@ -286,6 +273,33 @@ class OmniThinkerAdapter(StageModelBase):
         features = features.to(self.dtype)
         self.encoder_cache.put(identifier, features)
         return features
+
+    def _tower(self, modality: str, extras: dict, index: int) -> torch.Tensor:
+        """One item's encoder output [tokens, hidden], in the tower's dtype."""
+        inner = self.model.model
+        device = self.device
+        if modality == "image":
+            # Copies: arrays that came through Ray are read-only, which torch warns about.
+            pixels = torch.tensor(np.asarray(extras["pixel_values"][index]))
+            pixels = pixels.to(device, inner.visual.dtype)
+            grid = torch.tensor(np.asarray(extras["image_grid_thw"][index])).view(1, 3)
+            return inner.get_image_features(
+                pixels, grid.to(device), return_dict=True
+            ).pooler_output[0]
+        feats = torch.tensor(np.asarray(extras["input_features"][index])).unsqueeze(0)
+        mask = torch.tensor(np.asarray(extras["feature_attention_mask"][index]))
+        return inner.get_audio_features(
+            feats.to(device, inner.audio_tower.dtype),
+            mask.view(1, -1).long().to(device),
+            return_dict=True,
+        ).last_hidden_state
+
+    @torch.inference_mode()
+    def profile_extra_work(self) -> None:
+        """A GPU stage's memory profile (omni/engine/gpu_profile.py): each encoder on its
+        largest item, whose activations are part of a step's peak. Nothing cached or counted."""
+        for modality, extras in largest_items(self.model.config, self.max_image_pixels).items():
+            self._tower(modality, extras, 0)
 
 
 register_adapter(

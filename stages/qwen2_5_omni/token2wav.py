@@ -11,7 +11,9 @@ process's global RNG is left as it was. That equals transformers when the caller
 before its token2wav call; in the full generate with greedy thinker and talker nothing draws from
 the global RNG before token2wav, so torch.manual_seed(seed) before generate(...) matches too.
 Each request is decoded on its own, as generate does, because the noise shape follows the
-request's code length: batching would change the draws.
+request's code length: batching would change the draws. A request longer than the whole-decode
+budget allows (the DiT's masks grow with the square of its length: token2wav_memory.py) is
+decoded in windows through the streaming path instead, on any device.
 
 On a GPU the model runs there (still float32) and the DiT draws its noise from that GPU's
 generator (seeded and forked the same way), as transformers does on that GPU; waveforms come
@@ -50,6 +52,11 @@ from stages.qwen2_5_omni.token2wav_chunks import (
     request_noise,
     solve_mels,
 )
+from stages.qwen2_5_omni.token2wav_memory import (
+    WHOLE_DECODE_BUDGET_BYTES,
+    max_whole_decode_codes,
+    window_codes,
+)
 from stages.qwen2_5_omni.token2wav_vocoder import hop_length, reach_frames, vocode
 
 SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN output rate (processors/docs: 24 kHz audio)
@@ -74,7 +81,10 @@ class OmniToken2WavAdapter(StageModelBase):
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        whole_decode_budget_bytes: int = WHOLE_DECODE_BUDGET_BYTES,
     ) -> None:
+        """whole_decode_budget_bytes: requests whose whole decode would take more (the DiT's
+        dense masks, token2wav_memory.py) are decoded in windows."""
         del dtype  # token2wav always runs in float32 (as transformers forces it)
         hf_logging.disable_progress_bar()
         self.device = torch.device(device)
@@ -97,6 +107,10 @@ class OmniToken2WavAdapter(StageModelBase):
         self.samples_per_code = self.repeats * self.hop
         self.vocoder_reach = reach_frames(self.bigvgan)
         self._chunk_defaults = default_context(dit, self.vocoder_reach)
+        self.max_whole_codes = max_whole_decode_codes(
+            repeats=dit.repeats, num_heads=dit.num_attention_heads,
+            budget_bytes=whole_decode_budget_bytes,
+        )  # fmt: skip
         self._encoded_speakers: dict[str, SpeakerInputs] = {}
 
     def check_inputs(self, stage_input: StageInput) -> None:
@@ -123,6 +137,8 @@ class OmniToken2WavAdapter(StageModelBase):
         """The 1-D float32 waveform of one request's codes."""
         if not stage_input.prompt_token_ids:  # the talker stopped at once: nothing to say
             return torch.zeros(0)
+        if len(stage_input.prompt_token_ids) > self.max_whole_codes:
+            return self._decode_windowed(stage_input, seed)
         extras = stage_input.extras
         cond, ref_mel = self.speakers[extras.get("speaker", DEFAULT_SPEAKER)]
         ode = {k: extras.get(k, v) for k, v in ODE_DEFAULTS.items()}
@@ -135,6 +151,21 @@ class OmniToken2WavAdapter(StageModelBase):
             torch.manual_seed(seed)
             wav = self.model(codes, conditioning=cond, reference_mel=ref_mel, **ode)
         return wav.reshape(-1).float().cpu()
+
+    def _decode_windowed(self, stage_input: StageInput, seed: int) -> torch.Tensor:
+        """A request too long to decode whole within the budget: window after window of the
+        streaming path, each emitting window_codes codes with the default context."""
+        codes = tuple(stage_input.prompt_token_ids)
+        left, ahead = self._chunk_defaults
+        size = window_codes(self.max_whole_codes, left, ahead)
+        chunks = [
+            self.decode_chunks(
+                [ChunkJob(codes, start, min(start + size, len(codes)), left, ahead, True, seed,
+                          stage_input.extras)]
+            )[0]
+            for start in range(0, len(codes), size)
+        ]  # fmt: skip
+        return torch.cat(chunks)
 
     def chunk_defaults(self) -> tuple[int, int]:
         """(left_context, look_ahead) in codes: see token2wav_chunks.default_context."""

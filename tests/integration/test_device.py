@@ -13,7 +13,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from helpers import make_engine, run_engine, shared_prefix_prompts, transformers_greedy
+from helpers import FakeGpu, make_engine, run_engine, shared_prefix_prompts, transformers_greedy
 
 from omni import Omni
 from omni.config import ConfigError, load_config
@@ -219,22 +219,18 @@ def test_gpu_memory_utilization_defaults():
 
 
 @pytest.mark.slow
-def test_engine_gpu_sizing_wiring_with_injected_numbers(qwen2_dir, monkeypatch):
-    """stage_memory.gpu_pool_num_blocks on the CPU with the CUDA measurements injected: the KV
-    always counts on the GPU, output rows only with output_cache_device cuda (else on the host)."""
+def test_engine_gpu_sizing_wiring_with_injected_numbers(qwen2_dir):
+    """stage_memory.gpu_pool_num_blocks on the CPU with the allocator's readings injected (the
+    profiled step runs for real): the stage's own weights against its baseline, the KV always
+    on the GPU, output rows only with output_cache_device cuda (else on the host), and an
+    explicit num_blocks checked against the free bytes less a step's activations."""
     engine = make_engine(qwen2_dir, block_size=16, max_model_len=256, max_num_seqs=64)
     model = engine.model
     kv = model.num_layers * 2 * model.num_kv_heads * model.head_dim * 4 * 16
     rows = model.hidden_size * 4 * 16  # one output (hidden_states), float32
-    seen = {}
-
-    def profile(model_, *, block_size, num_tokens, num_sample_rows, device):
-        seen.update(block_size=block_size, num_tokens=num_tokens, rows=num_sample_rows)
-        return MiB, 10 * MiB  # (peak, total)
-
-    monkeypatch.setattr(stage_memory, "profile_peak_bytes", profile)
-    monkeypatch.setattr(stage_memory, "cuda_free_bytes", lambda device: GiB)
-    budget = int(0.5 * 10 * MiB) - MiB
+    # Earlier stages hold 5 GiB; this one's weights 1 MiB; its step 2 MiB of activations on
+    # top of the temporary pool of min(2048, max_model_len) = 256 tokens (16 blocks).
+    gpu = FakeGpu(allocated=5 * GiB + MiB, total=10 * GiB, free=GiB, step_bytes=16 * kv + 2 * MiB)
     counts = {}
 
     def gpu_pool_num_blocks(output_cache_device: str) -> int:
@@ -246,18 +242,25 @@ def test_engine_gpu_sizing_wiring_with_injected_numbers(qwen2_dir, monkeypatch):
             num_outputs=1,
             itemsize=4,
             output_cache_device=torch.device(output_cache_device),
+            baseline_bytes=5 * GiB,
+            readings=gpu.readings(),
         )
 
+    engine.config = _replace_engine(engine.config, gpu_memory_utilization=0.5, kv_cache_memory=1.0)
+    budget = int(0.5 * 10 * GiB) - 3 * MiB  # the share less weights and activations
     for where, gpu_block in (("cuda", kv + rows), ("cpu", kv)):
-        engine.config = _replace_engine(
-            engine.config, gpu_memory_utilization=0.5, kv_cache_memory=1.0
-        )
         counts[where] = gpu_pool_num_blocks(where)
-        assert counts[where] == budget // gpu_block, where
-    assert counts["cpu"] > counts["cuda"]  # output rows in host memory leave the GPU to the KV
-    assert seen == {"block_size": 16, "num_tokens": 256, "rows": 64}  # min(2048, max_model_len)
+        assert counts[where] == min(budget // gpu_block, 64 * 16), where
+    assert counts["cpu"] == 64 * 16  # max_num_seqs sequences of max_model_len
+    engine.config = _replace_engine(engine.config, max_num_seqs=100_000)
+    counts = {where: gpu_pool_num_blocks(where) for where in ("cuda", "cpu")}
+    assert counts == {"cuda": budget // (kv + rows), "cpu": budget // kv}
+    # Explicit blocks: their bytes and a step's activations must be free.
     engine.config = _replace_engine(engine.config, num_blocks=10)
     assert gpu_pool_num_blocks("cpu") == 10
+    gpu.free = 10 * kv + 2 * MiB - 1
+    with pytest.raises(ConfigError, match=f"plus {2 * MiB:,} for a step's activations"):
+        gpu_pool_num_blocks("cpu")
 
 
 def _replace_engine(config, **changes):

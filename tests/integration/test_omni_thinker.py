@@ -238,3 +238,24 @@ def test_mrope_positions_equal_get_rope_index(omni_dir, proc, oracle):
     assert delta == int(ref_delta)
     tail = ref[:, 0, positions.shape[1] :]
     assert torch.equal(tail, torch.arange(positions.shape[1], ids.shape[1]).expand(3, -1) + delta)
+
+
+def test_memory_profile_runs_the_encoders_on_the_largest_items(omni_dir, proc):
+    """A GPU stage's memory profile runs each encoder once on the largest item a prompt can
+    bring (stages/qwen2_5_omni/encoder_profile.py): no image the processor accepts encodes to
+    more tokens (a square one to as many), the audio is the processor's longest (30 s); the
+    cache and counters are left alone, and the encoder cache's bound is the adapter's reserve."""
+    from stages.qwen2_5_omni.encoder_profile import largest_items
+
+    adapter = _engine(omni_dir).model
+    items = largest_items(adapter.model.config, adapter.max_image_pixels)
+    largest = {m: adapter._tower(m, extras, 0).shape[0] for m, extras in items.items()}
+    images = [Image.new("RGB", size, "red") for size in [(4000, 3000), (300, 2000), (900, 900)]]
+    lengths = [proc("p", {"prompt": "x", "images": [i]}).mm_inputs[0].length for i in images]
+    assert max(lengths) == largest["image"] and all(n <= largest["image"] for n in lengths)
+    speech = (np.zeros(30 * 16000, dtype=np.float32), 16000)
+    audio = proc("p", {"prompt": "x", "audio": [speech]}).mm_inputs[0]
+    assert audio.length == largest["audio"]
+    adapter.profile_extra_work()
+    assert adapter.encoder_runs == {} and len(adapter.encoder_cache) == 0
+    assert adapter.reserved_bytes == adapter.encoder_cache.max_bytes == 256 << 20

@@ -1,6 +1,6 @@
 """The two-stage pipeline on the local backend (no Ray): equal to driving the engines by hand,
 equal with caching on and off, served from both stages' caches on a repeat, and a request that
-fails in a stage fails alone."""
+fails in a stage fails alone, while a dead stage (a CUDA error) is reported as such."""
 
 from __future__ import annotations
 
@@ -227,3 +227,31 @@ def test_a_dead_stage_is_reported_not_waited_on(dirs):
             omni.check_health()
         with pytest.raises(RuntimeError, match="stage 'b': engine loop died"):
             omni.generate([prompts()[1]], use_tqdm=False)
+
+
+def test_a_cuda_error_in_a_forward_is_the_stage_s_death(dirs):
+    """Stage b's adapter raises what torch raises after a device-side assert (a test double of
+    the failure, injected into its forward): b is reported dead, the requests in it fail naming
+    it and the error, later ones are refused at once; stage a goes on; nothing waits."""
+    with Omni(two_stage_config(*dirs, **{"runtime.backend": "local"})) as omni:
+        (fine,) = omni.generate([prompts()[0]], use_tqdm=False)
+        assert fine.error is None
+        model = omni.backend.hosts["b"].engine.model
+
+        def device_assert(inputs):
+            raise RuntimeError("CUDA error: device-side assert triggered")
+
+        model.forward = device_assert
+        start = time.monotonic()
+        outputs = omni.generate(prompts(n=2, seed=3)[:2], use_tqdm=False)
+        assert time.monotonic() - start < 60
+        for out in outputs:
+            assert out.final.stage == "b" and out.stages["a"].error is None
+            assert out.error.endswith(
+                "stage 'b': died of a CUDA error, which leaves its GPU context unusable: "
+                "RuntimeError: CUDA error: device-side assert triggered"
+            )
+        assert omni.backend.hosts["a"].alive and not omni.backend.hosts["b"].alive
+        with pytest.raises(RuntimeError, match="stage 'b': died of a CUDA error"):
+            omni.generate([prompts()[1]], use_tqdm=False)
+        assert omni.backend.hosts["a"].alive and omni.stats()["a"]["num_requests"] == 0

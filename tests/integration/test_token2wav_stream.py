@@ -2,7 +2,8 @@
 
 The chunk math is checked against the whole-sequence decode (`generate`, itself equal to
 transformers): a window that covers everything must give the whole decode's samples, bounded
-windows must stay within the bounds docs/streaming.md documents. The tiny checkpoint's random
+windows must stay within the bounds docs/streaming.md documents, and a request too long to
+decode whole (its budget) is decoded in windows within the same bounds. The tiny checkpoint's random
 DiT barely mixes frames (its mel is nearly the noise, a code moves other blocks by ~1e-7), so
 the comparisons run on a copy whose DiT is amplified (`amplify_dit`): there a window start off
 the block grid or a padding leak shows as errors of 1e-3 and more.
@@ -24,6 +25,7 @@ from omni.messages import InputDelta, StageInput
 from omni.runtime.stage_model import ChunkJob
 from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
 from stages.qwen2_5_omni.token2wav_chunks import request_noise
+from stages.qwen2_5_omni.token2wav_memory import whole_decode_bytes
 from stages.qwen2_5_omni.token2wav_vocoder import vocode
 
 pytestmark = pytest.mark.slow
@@ -115,6 +117,28 @@ def test_chunks_match_whole_decode(amplified, setting):
     max_abs, snr = measure(amplified, setting, codes, whole_decode(amplified, codes))
     bound_abs, bound_snr = BOUNDS[setting]
     assert max_abs <= bound_abs and snr >= bound_snr, (setting, max_abs, snr)
+
+
+def test_a_request_past_the_whole_decode_budget_is_decoded_in_windows(omni_dir, amplified):
+    """generate() of a request whose whole decode would exceed the adapter's budget (the DiT's
+    dense masks) decodes it in windows of the streaming path: the whole decode's length and,
+    with the default context, its samples within the bounds of 50-code chunks."""
+    dit = amplified.dit
+    shape = {"repeats": dit.repeats, "num_heads": dit.num_attention_heads}
+    budget = whole_decode_bytes(40, **shape)  # 40 codes whole at most: 100 go in 2 windows
+    bounded = amplify_dit(OmniToken2WavAdapter(omni_dir, whole_decode_budget_bytes=budget))
+    assert bounded.max_whole_codes == 40 and amplified.max_whole_codes > NUM_CODES
+    codes = random_codes(NUM_CODES)
+    whole = whole_decode(amplified, codes)
+    windowed = whole_decode(bounded, codes)
+    assert windowed.shape == whole.shape == (NUM_CODES * amplified.samples_per_code,)
+    error = windowed - whole
+    snr = 10 * math.log10(whole.pow(2).sum().item() / max(error.pow(2).sum().item(), 1e-30))
+    bound_abs, bound_snr = BOUNDS[(10, 50, None, None)]
+    assert error.abs().max().item() <= bound_abs and snr >= bound_snr
+    # Within the budget nothing changes: the whole decode, exactly.
+    short = random_codes(30, seed=2)
+    assert torch.equal(whole_decode(bounded, short), whole_decode(amplified, short))
 
 
 def test_batched_equals_single_jobs(amplified):
