@@ -367,14 +367,19 @@ def test_engine_outputs_through_the_async_copy_path(qwen2_dir, monkeypatch):
 
 
 def test_talker_positions_from_the_host_equal_the_masked_lookup():
-    mrope = torch.arange(3 * 7).view(3, 7) * 10
+    """Host positions of any fed range: the prompt's mrope rows, then t + rope_delta."""
+    mrope = (np.arange(3 * 7).reshape(3, 7) * 10).astype(np.int64)
     state = TalkerRequestState(
-        text=torch.zeros(12, 2), prompt_len=7, codec_prefix=None, mrope=mrope, rope_delta=-3
+        num_rows=12, prompt_len=7, codec_prefix=None, mrope=mrope, rope_delta=-3
     )
     for first in range(0, 11):
         for n in range(1, 12 - first):
-            t = torch.arange(first, first + n)
-            assert torch.equal(state.positions(t, first=first), state.positions(t)), (first, n)
+            t = np.arange(first, first + n)
+            want = np.tile(t - 3, (3, 1))
+            want[:, t < 7] = mrope[:, t[t < 7]]
+            assert np.array_equal(state.positions(first, n), want), (first, n)
+    state.mrope = None
+    assert np.array_equal(state.positions(5, 4), np.tile(np.arange(5, 9), (3, 1)))
 
 
 def test_packed_inputs_query_starts(qwen2_dir):
