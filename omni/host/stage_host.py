@@ -118,17 +118,14 @@ class StageHost:
             raise failed[0]
 
     def start_loop(self) -> None:
-        """Give a host built with threaded=False a loop thread of its own from now on (the
-        local backend builds every engine on its one thread, then lets a GPU stage step on its
-        own). Call it before any work is submitted."""
-        if self._thread is not None:
-            raise RuntimeError(f"stage {self.name!r}: its loop thread is already running")
+        """A loop thread of its own from now on, for a host built with threaded=False (the
+        local backend's GPU stages); before any work is submitted."""
+        assert self._thread is None, f"stage {self.name!r} already has a loop thread"
         self._thread = threading.Thread(target=self._loop, name=f"omni-{self.name}", daemon=True)
         self._thread.start()
 
     @property
     def threaded(self) -> bool:
-        """Whether the host steps itself on a loop thread of its own."""
         return self._thread is not None
 
     # ---- calls from any thread ----------------------------------------------------------------

@@ -55,8 +55,8 @@ class _AsyncCopies:
             self.stream = torch.cuda.Stream(device=source_device)
         self.source_device = source_device
         self.pinned = pinned
-        # Staged writes not yet in the cache, oldest first: (copy event or None, slots,
-        # [(flat cache, staged rows)]). Scattered in order, so a later write of a slot wins.
+        # Staged writes, oldest first: (copy event or None, slots, [(flat cache, staged rows)]).
+        # Scattered in order, so a later write of a slot wins.
         self._pending: list[tuple[Any, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = []
 
     def copy_rows(self, slots: np.ndarray, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
