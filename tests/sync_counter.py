@@ -89,6 +89,11 @@ def why_it_syncs(func: Any, args: tuple, kwargs: dict) -> str | None:
     return None
 
 
+def _library(filename: str) -> bool:
+    """Code of torch, transformers or this counter (a site is the first frame outside them)."""
+    return any(part in filename for part in ("/torch/", "/transformers/", "sync_counter.py"))
+
+
 class SyncCounter(TorchDispatchMode):
     """Use as a context manager around the code to count; `counts[component]` lists the
     reasons of the calls attributed to that component, in order."""
@@ -100,14 +105,22 @@ class SyncCounter(TorchDispatchMode):
             for function in functions if isinstance(functions, Iterable) else [functions]:
                 self._codes[getattr(function, "__func__", function).__code__] = name
         self.counts: dict[str, list[str]] = defaultdict(list)
+        self.sites: dict[str, list[str]] = defaultdict(list)  # "file:line reason", as counts
         self._in_from_numpy = 0
         self._saved: dict[str, Any] = {}
 
     def _record(self, why: str) -> None:
         frame = sys._getframe(2)
+        site = None
         while frame is not None and frame.f_code not in self._codes:
+            if site is None and not _library(frame.f_code.co_filename):
+                site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
             frame = frame.f_back  # type: ignore[assignment]
-        self.counts[self._codes[frame.f_code] if frame is not None else OTHER].append(why)
+        if site is None and frame is not None:
+            site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        component = self._codes[frame.f_code] if frame is not None else OTHER
+        self.counts[component].append(why)
+        self.sites[component].append(f"{site} {why}")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -48,31 +48,28 @@ def count_decode_steps(engine: StageEngine, num_requests: int) -> SyncCounter:
     return counter
 
 
-def test_causal_lm_decode_step_syncs(qwen2_dir, one_torch_thread):
-    engine = make_engine(qwen2_dir, block_size=4, num_blocks=64)
+def causal_lm_counts(model_dir: str, **engine: object) -> SyncCounter:
+    """Greedy, top-p and seeded top-k requests decoding together (the output cache kept)."""
+    engine_ = make_engine(model_dir, block_size=4, num_blocks=64, **engine)
     params = [
         SamplingParams(max_tokens=20, ignore_eos=True),
         SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8, top_p=0.9),
         SamplingParams(max_tokens=20, ignore_eos=True, temperature=1.0, top_k=5, seed=3),
     ]
     for i, p in enumerate(params):
-        engine.add_request(StageInput(f"r{i}", [5 + i, 6, 7, 8, 9][: 3 + i], p))
-    counter = count_decode_steps(engine, len(params))
-    assert counter.of("sampler") == ["tolist"] * NUM_COUNTED
-    assert counter.of("output cache") == []
+        engine_.add_request(StageInput(f"r{i}", [5 + i, 6, 7, 8, 9][: 3 + i], p))
+    return count_decode_steps(engine_, len(params))
 
 
-@pytest.mark.slow
-def test_talker_decode_step_syncs(omni_dir):
-    """Masked and unmasked talker requests, one with a penalty of its own: the talker's forward
-    and logits (inputs, codec history, penalty) make no host-device sync."""
+def talker_counts(omni_dir: str, **engine: object) -> SyncCounter:
+    """Masked and unmasked talker requests, one with a penalty of its own."""
     stage = {
         "name": "talker",
         "model": omni_dir,
         "adapter": "qwen2_5_omni_talker",
-        "engine": {"block_size": 4, "num_blocks": 64},
+        "engine": {"block_size": 4, "num_blocks": 64, **engine},
     }
-    engine = StageEngine(load_config({"stages": [stage]}).stages[0])
+    engine_ = StageEngine(load_config({"stages": [stage]}).stages[0])
     dim = Qwen2_5OmniConfig.from_pretrained(omni_dir).talker_config.embedding_size
     gen = torch.Generator().manual_seed(0)
     cases = [("masked", 1.05), ("unmasked", 1.05), ("masked", 1.3)]
@@ -89,8 +86,20 @@ def test_talker_decode_step_syncs(omni_dir):
         }
         ids = prompt + [speaker_key("Chelsie"), output[0]]
         params = SamplingParams(max_tokens=20, ignore_eos=True)
-        engine.add_request(StageInput(f"t{i}", ids, params, extras=extras))
-    counter = count_decode_steps(engine, len(cases))
+        engine_.add_request(StageInput(f"t{i}", ids, params, extras=extras))
+    return count_decode_steps(engine_, len(cases))
+
+
+def test_causal_lm_decode_step_syncs(qwen2_dir, one_torch_thread):
+    counter = causal_lm_counts(qwen2_dir)
+    assert counter.of("sampler") == ["tolist"] * NUM_COUNTED
+    assert counter.of("output cache") == []
+
+
+@pytest.mark.slow
+def test_talker_decode_step_syncs(omni_dir):
+    """The talker's forward and logits (inputs, codec history, penalty) make no sync."""
+    counter = talker_counts(omni_dir)
     assert counter.of("talker") == []
     assert counter.of("sampler") == ["tolist"] * NUM_COUNTED
     assert counter.of("output cache") == []
