@@ -62,11 +62,12 @@ class _AsyncCopies:
     def copy_rows(self, slots: np.ndarray, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """For each (flat cache, rows) pair: rows[i] -> flat[slots[i]], once the copy landed."""
         self._scatter(wait=False)
+        index = torch.from_numpy(slots.copy())  # kept past the call: the caller may reuse slots
         staged = []
         if self.stream is None:
             for flat, rows in pairs:
                 staged.append((flat, rows.detach().to(flat.dtype, copy=True)))
-            self._pending.append((None, torch.from_numpy(slots), staged))
+            self._pending.append((None, index, staged))
             return
         main = torch.cuda.current_stream(self.source_device)
         forward_done = torch.cuda.Event()
@@ -82,7 +83,7 @@ class _AsyncCopies:
                 staged.append((flat, host))
             done = torch.cuda.Event()
             done.record(self.stream)
-        self._pending.append((done, torch.from_numpy(slots), staged))
+        self._pending.append((done, index, staged))
 
     def _scatter(self, wait: bool) -> None:
         """Move staged rows into the cache, oldest first: all of them (waiting for the last
