@@ -45,6 +45,7 @@ KINDS = ADAPTER_KINDS
 BACKENDS = ("ray", "local")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 PLACEMENTS = ("none", "pack", "spread")
+STAGE_THREADS = ("auto", "shared", "per_stage")
 STAGE_CONFIG_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "stage_configs"
 )
@@ -168,6 +169,9 @@ class RuntimeConfig:
     """How often the ray backend replaces a dead stage actor (per stage) before giving up."""
     placement: str = "none"
     """none (Ray places each actor), pack or spread (one placement group, a bundle per stage)."""
+    stage_threads: str = "auto"
+    """Local backend: auto (each stage on a GPU steps on its own thread, the CPU stages share
+    one), shared (one thread steps every stage) or per_stage (a thread per stage)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -177,6 +181,7 @@ class RuntimeConfig:
         require(self.max_stage_restarts >= 0, self, "max_stage_restarts", "an integer >= 0")
         require(self.log_level.upper() in LOG_LEVELS, self, "log_level", one_of(LOG_LEVELS))
         require(self.placement in PLACEMENTS, self, "placement", one_of(PLACEMENTS))
+        require(self.stage_threads in STAGE_THREADS, self, "stage_threads", one_of(STAGE_THREADS))
         object.__setattr__(self, "log_level", self.log_level.upper())
 
 

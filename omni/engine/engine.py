@@ -15,6 +15,8 @@ class Engine(Protocol):
     """One stage's engine. Not thread-safe: its host calls it from one thread at a time."""
 
     name: str
+    device: torch.device
+    """Where the stage computes (resolved at construction: auto becomes cpu or cuda:0)."""
 
     def add_request(self, stage_input: StageInput) -> None:
         """Validate and queue; a ValueError leaves the engine and other requests untouched."""

@@ -120,6 +120,17 @@ class StageHost:
         if failed:
             raise failed[0]
 
+    def start_loop(self) -> None:
+        """A loop thread of its own from now on, for a host built with threaded=False (the
+        local backend's GPU stages); before any work is submitted."""
+        assert self._thread is None, f"stage {self.name!r} already has a loop thread"
+        self._thread = threading.Thread(target=self._loop, name=f"omni-{self.name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def threaded(self) -> bool:
+        return self._thread is not None
+
     # ---- calls from any thread ----------------------------------------------------------------
     def submit(self, items: Sequence[Item]) -> None:
         """Queue requests. A routed item's upstream results are resolved and the edge's input

@@ -17,14 +17,16 @@ Devices: the cache lives on `device` and its rows come from forwards on `source_
 - Both the GPU (a GPU stage with output_cache_device: cuda): the same indexed copy, on the GPU,
   in the forward's stream.
 - A GPU stage with the cache in host memory (output_cache_device: cpu): the cache is pinned host
-  memory, and each step's rows go down in non_blocking device-to-host copies, one per run of
-  consecutive slots, on a side CUDA stream that first waits for an event recorded after the
-  forward on the main stream. So the forward and the next step never wait for these copies;
-  every read (gather, rows, synchronize) waits for the last copy's event first. A copy's source
-  rows are kept from reuse by the allocator until the side stream is done with them
+  memory. Each step's rows go down in ONE non_blocking device-to-host copy per output, into a
+  pinned staging buffer, on a side CUDA stream that first waits for an event recorded after the
+  forward on the main stream; the staged rows are scattered into the cache on the host once the
+  copy has landed: at a later write if its event says so (no wait), else at the next read. So
+  the forward and the next step never wait for these copies; every read (gather, rows,
+  synchronize) first waits for the last copy's event and scatters what is staged. A copy's
+  source rows are kept from reuse by the allocator until the side stream is done with them
   (record_stream).
 Whatever leaves the cache (gather, rows) is a new CPU tensor: results travel as CPU tensors.
-`async_copies=True` on a CPU-only cache runs the run-by-run copy path synchronously (tests).
+`async_copies=True` on a CPU-only cache runs the staging path with plain copies (tests).
 """
 
 from __future__ import annotations
@@ -40,38 +42,32 @@ logger = logging.getLogger(__name__)
 CPU = torch.device("cpu")
 
 
-def slot_runs(slots: np.ndarray) -> list[tuple[int, int, int]]:
-    """(first row, first slot, length) of each maximal run of consecutive slots in slot order:
-    rows [r, r + n) go to slots [s, s + n)."""
-    if slots.size == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [slots.size]))
-    return [(int(a), int(slots[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
-
-
 class _AsyncCopies:
-    """Device-to-host copies on a side CUDA stream, ordered after the main stream's forward by
-    an event; `wait()` blocks the host until the last copy landed. Without a stream (a CPU
-    source) the copies are plain synchronous ones and wait() has nothing to do."""
+    """A host cache fed by a GPU: each write is one device-to-host copy per output into a fresh
+    pinned staging buffer, on a side CUDA stream ordered after the main stream's forward by an
+    event; the staged rows are scattered into the cache on the host once that copy has landed
+    (checked without waiting at the next write, waited for by `wait()`). Without a stream (a CPU
+    source, in tests) the same staging and scatter run with plain copies."""
 
-    def __init__(self, source_device: torch.device) -> None:
+    def __init__(self, source_device: torch.device, pinned: bool) -> None:
         self.stream: Any = None
         if source_device.type == "cuda":
             self.stream = torch.cuda.Stream(device=source_device)
         self.source_device = source_device
-        self._done: Any = None  # torch.cuda.Event of the last copy
+        self.pinned = pinned
+        # Staged writes, oldest first: (copy event or None, slots, [(flat cache, staged rows)]).
+        # Scattered in order, so a later write of a slot wins.
+        self._pending: list[tuple[Any, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = []
 
-    def copy_rows(
-        self, runs: list[tuple[int, int, int]], pairs: list[tuple[torch.Tensor, torch.Tensor]]
-    ) -> None:
-        """For each (flat cache, rows) pair: rows[r:r + n] -> flat[s:s + n] for every run."""
+    def copy_rows(self, slots: np.ndarray, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """For each (flat cache, rows) pair: rows[i] -> flat[slots[i]], once the copy landed."""
+        self._scatter(wait=False)
+        index = torch.from_numpy(slots.copy())  # kept past the call: the caller may reuse slots
+        staged = []
         if self.stream is None:
             for flat, rows in pairs:
-                converted = rows.detach().to(flat.dtype)
-                for row, slot, length in runs:
-                    flat[slot : slot + length].copy_(converted[row : row + length])
+                staged.append((flat, rows.detach().to(flat.dtype, copy=True)))
+            self._pending.append((None, index, staged))
             return
         main = torch.cuda.current_stream(self.source_device)
         forward_done = torch.cuda.Event()
@@ -82,24 +78,36 @@ class _AsyncCopies:
                 rows = rows.detach()
                 rows.record_stream(self.stream)  # made on main, read here: keep it till done
                 converted = rows.to(flat.dtype)  # on the side stream, allocated there
-                for row, slot, length in runs:
-                    flat[slot : slot + length].copy_(
-                        converted[row : row + length], non_blocking=True
-                    )
+                host = torch.empty(converted.shape, dtype=flat.dtype, pin_memory=self.pinned)
+                host.copy_(converted, non_blocking=True)
+                staged.append((flat, host))
             done = torch.cuda.Event()
             done.record(self.stream)
-        self._done = done
+        self._pending.append((done, index, staged))
+
+    def _scatter(self, wait: bool) -> None:
+        """Move staged rows into the cache, oldest first: all of them (waiting for the last
+        copy) or, without waiting, those whose copies have landed."""
+        while self._pending:
+            done, slots, staged = self._pending[0]
+            if done is not None:
+                if wait:
+                    done.synchronize()
+                elif not done.query():
+                    return
+            for flat, host in staged:
+                flat.index_copy_(0, slots, host)
+            self._pending.pop(0)
 
     def wait_on_device(self) -> None:
         """The source device's current stream waits (no host sync) until the last copy read its
         rows: for sources that are overwritten in place (a CUDA graph's static outputs)."""
-        if self._done is not None:
-            torch.cuda.current_stream(self.source_device).wait_event(self._done)
+        done = self._pending[-1][0] if self._pending else None
+        if done is not None:  # events complete in stream order: the last covers the others
+            torch.cuda.current_stream(self.source_device).wait_event(done)
 
     def wait(self) -> None:
-        if self._done is not None:
-            self._done.synchronize()
-            self._done = None
+        self._scatter(wait=True)
 
 
 class OutputCache:
@@ -116,8 +124,8 @@ class OutputCache:
     ) -> None:
         """keep: the only output names cached (None: every per-token output discovered).
         device: where the cache lives (None: the CPU); source_device: where the forward's rows
-        are (None: device). async_copies: write run by run through side-stream copies; None
-        means exactly when a GPU forward feeds a host cache."""
+        are (None: device). async_copies: write through staged side-stream copies; None means
+        exactly when a GPU forward feeds a host cache."""
         self.keep = keep
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -132,7 +140,7 @@ class OutputCache:
             raise ValueError(f"async_copies writes a host cache, not one on {self.device}")
         # Page-locked, so that device-to-host copies run asynchronously (needs CUDA).
         self.pinned = async_copies and torch.cuda.is_available()
-        self._copies = _AsyncCopies(self.source_device) if async_copies else None
+        self._copies = _AsyncCopies(self.source_device, self.pinned) if async_copies else None
         self.caches: dict[str, torch.Tensor] = {}  # name -> (num_blocks, block_size, D)
         self._flat: dict[str, torch.Tensor] = {}  # name -> (num_blocks * block_size, D) view
         self.valid_version: dict[str, np.ndarray] = {}
@@ -214,16 +222,17 @@ class OutputCache:
     ) -> None:
         """Row i of each cached output goes to slot slot_mapping[i] (a CPU tensor):
         one indexed copy per output on the cache's device (device_slot_mapping: the same slots
-        already there, if the caller has them), or, for a host cache fed by a GPU, asynchronous
-        copies run by run (see the module docstring)."""
+        already there, if the caller has them), or, for a host cache fed by a GPU, one
+        asynchronous copy per output into pinned staging (see the module docstring)."""
         slots = slot_mapping.cpu()
-        starts = slots[slots % self.block_size == 0] // self.block_size
-        self.first_write_step[starts.numpy()] = self.step
+        host_slots = slots.numpy()
+        starts = host_slots[host_slots % self.block_size == 0] // self.block_size
+        self.first_write_step[starts] = self.step
         pairs = [(flat, outputs[name]) for name, flat in self._flat.items() if name in outputs]
         if not pairs:
             return
         if self._copies is not None:
-            self._copies.copy_rows(slot_runs(slots.numpy()), pairs)
+            self._copies.copy_rows(host_slots, pairs)
             return
         if self.device.type == "cpu":
             for flat, rows in pairs:

@@ -2,18 +2,25 @@
 
 A seeded request draws its n-th token from a generator seeded by (seed, n) alone, so its tokens
 do not depend on which other requests share the batch, nor on preemption and recomputation.
+Unseeded random rows share the sampler's generator and draw their noise in one call.
 
-Device-generic: the logits stay on their device (a GPU stage's), the generators live there too,
-and the chosen ids come back as Python ints in one device-to-host copy at the end, the step's
-only synchronisation. The same seed draws different numbers on a GPU than on the CPU (each
-device has its own generator algorithm); greedy rows are the argmax everywhere.
+Device-generic: the logits stay on their device (a GPU stage's), the generators live there too.
+Nothing here makes the host wait for the device except the end: the per-row vectors
+(rows, temperature, top_k, top_p) are built on the host and go over in one non_blocking copy
+from pinned memory (omni/runtime/host_upload.py), and the chosen ids come back as Python ints in
+one device-to-host copy, the step's only synchronisation. A greedy-only batch is one argmax over
+the logits as they are (exact in any dtype: no float32 copy). The same seed draws different
+numbers on a GPU than on the CPU (each device has its own generator algorithm); greedy rows are
+the argmax everywhere.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from omni.core.sampling_params import SamplingParams
+from omni.runtime.host_upload import upload
 
 _MASK = 2**63 - 1
 
@@ -43,44 +50,60 @@ class Sampler:
         params: list[SamplingParams],
         num_output_tokens: list[int],
     ) -> list[int]:
-        """logits [num_rows, vocab] float, on any device; one SamplingParams and output count
-        per row. Returns the chosen ids (one device-to-host copy)."""
-        logits = logits.float()
-        device = logits.device
+        """logits [num_rows, vocab] on any device, any float dtype; one SamplingParams and output
+        count per row. Returns the chosen ids (one device-to-host copy)."""
         token_ids = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
-            rows = torch.tensor(random_rows, device=device)
-            probs = self._probs(logits[rows], [params[i] for i in random_rows])
+            # Unseeded rows first: their noise is one draw from the shared generator.
+            unseeded = [i for i in random_rows if params[i].seed is None]
+            seeded = [i for i in random_rows if params[i].seed is not None]
+            order = unseeded + seeded
+            chosen = [params[i] for i in order]
+            rows, temperature, top_k, top_p = self._vectors(order, chosen, logits)
+            probs = self._probs(logits.index_select(0, rows).float(), temperature, top_k, top_p)
             noise = torch.empty_like(probs)
-            for j, i in enumerate(random_rows):
-                seed = params[i].seed
-                generator = (
-                    self._generator(device)
-                    if seed is None
-                    else torch.Generator(device=device).manual_seed(
-                        _seed_for(seed, num_output_tokens[i])
-                    )
-                )
+            if unseeded:
+                noise[: len(unseeded)].exponential_(generator=self._generator(logits.device))
+            for j, i in enumerate(seeded, start=len(unseeded)):
+                seed = _seed_for(params[i].seed or 0, num_output_tokens[i])
+                generator = torch.Generator(device=logits.device).manual_seed(seed)
                 noise[j].exponential_(generator=generator)
             # argmax(p / E) with E ~ Exp(1) draws from p (the exponential race).
-            token_ids[rows] = (probs / noise).argmax(dim=-1)
+            token_ids.index_copy_(0, rows, (probs / noise).argmax(dim=-1))
         return token_ids.tolist()
 
     @staticmethod
-    def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-        device = logits.device
-        temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
-        logits = logits / temperature
-        top_k = [p.top_k for p in params]
-        if any(top_k):
-            vocab = logits.shape[-1]
-            k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_k], device=device)
-            kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
+    def _vectors(
+        order: list[int], chosen: list[SamplingParams], logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The sampled rows' indices, temperatures, top-k and top-p on the logits' device, in one
+        upload; top_k / top_p are None when no row uses them (decided on the host)."""
+        vocab = logits.shape[-1]
+        top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in chosen]
+        use_top_k = any(p.top_k > 0 for p in chosen)
+        use_top_p = any(p.top_p < 1 for p in chosen)
+        host: list[np.ndarray] = [
+            np.asarray(order, dtype=np.int64),
+            np.asarray([p.temperature for p in chosen], dtype=np.float32),
+            np.asarray(top_k, dtype=np.int64),
+            np.asarray([p.top_p for p in chosen], dtype=np.float32),
+        ]
+        rows, temperature, k, p = upload(host, logits.device)
+        return rows, temperature, (k if use_top_k else None), (p if use_top_p else None)
+
+    @staticmethod
+    def _probs(
+        logits: torch.Tensor,
+        temperature: torch.Tensor,
+        top_k: torch.Tensor | None,
+        top_p: torch.Tensor | None,
+    ) -> torch.Tensor:
+        logits = logits / temperature.unsqueeze(1)
+        if top_k is not None:
+            kth = logits.sort(dim=-1, descending=True).values.gather(1, (top_k - 1).unsqueeze(1))
             logits = logits.masked_fill(logits < kth, float("-inf"))
-        top_p = torch.tensor([p.top_p for p in params])  # checked on the host: no sync
-        if (top_p < 1).any():
-            top_p = top_p.to(device)
+        if top_p is not None:
             sorted_logits, order = logits.sort(dim=-1, descending=True)
             sorted_probs = sorted_logits.softmax(dim=-1)
             # Keep the smallest prefix whose mass reaches top_p (the first token always stays).

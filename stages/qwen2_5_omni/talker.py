@@ -10,6 +10,11 @@ embeddings and 3-row mrope positions as one uninterrupted transformers generate.
 Sampling differences from a plain LM, both applied in compute_logits because they need the
 request's codec history: generate suppresses the codec bos token and applies a repetition penalty
 (transformers' default 1.05) over every codec id seen (the codec prompt ids and the generated ones).
+
+Per step, nothing is built per request on the device: every request's text rows live in one row
+arena (omni/runtime/row_arena.py), the step is planned on the host as index arrays
+(talker_step.py) that go over in one upload, and the inputs are one gather + one embedding
+lookup; the codec history is a device seen-mask (talker_penalty.py). No host-device sync.
 """
 
 from __future__ import annotations
@@ -23,12 +28,17 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 )
 from transformers.utils import logging as hf_logging
 
+from omni.core.scheduler_output import ScheduledRequest
 from omni.messages import InputDelta, StageInput
 from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
+from omni.runtime.host_upload import upload
+from omni.runtime.row_arena import RowArena
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
 from stages.qwen2_5_omni.part_loader import load_part, load_rows, load_speakers
 from stages.qwen2_5_omni.talker_inputs import TalkerRequestState, build_state, check_extras
+from stages.qwen2_5_omni.talker_penalty import SeenCodes
+from stages.qwen2_5_omni.talker_step import plan_step
 
 
 def speaker_key(name: str) -> int:
@@ -72,10 +82,16 @@ class OmniTalkerAdapter(StageModelBase):
         named.update({f"spk:{n}": i for n, i in self.speakers.items()})
         rows = load_rows(model_dir, "thinker.model.embed_tokens.weight", list(named.values()))
         # On the host: a request's inputs are assembled there (talker_inputs.build_state), once,
-        # then moved to the device as a whole.
+        # then written to the text arena on the device.
         self.thinker_rows = {k: rows[i].to(dtype) for k, i in named.items()}
         self._states: dict[str, TalkerRequestState] = {}
-        self._sample_ids: list[str | None] = []
+        thinker_dim = config.embedding_size  # the thinker's hidden size
+        self._text = RowArena(thinker_dim, dtype, self.device)
+        self._seen = SeenCodes(config.vocab_size, self.device)
+        # The last forward's sampled rows: request ids, then (seen rows, penalty groups,
+        # penalties) for compute_logits.
+        self._sample_ids: list[str] = []
+        self._penalty: tuple[torch.Tensor, torch.Tensor, list[float]] | None = None
 
     # ---- engine hooks ---------------------------------------------------------------------
     def check_inputs(self, stage_input: StageInput) -> None:
@@ -85,12 +101,21 @@ class OmniTalkerAdapter(StageModelBase):
             raise ValueError(f"unknown speaker {speaker!r}; available: {sorted(self.speakers)}")
         # Built here, not in forward(): an input it trips over is then rejected alone instead of
         # failing every talker request of the step.
-        state = build_state(stage_input.extras, self.talker, self.thinker_rows, self.speakers)
-        self._states[stage_input.request_id] = state.to(self.device, self.dtype)
+        self._add_state(stage_input.request_id, stage_input.extras)
+
+    def _add_state(self, rid: str, extras: dict) -> TalkerRequestState:
+        state, text = build_state(extras, self.talker, self.thinker_rows, self.speakers)
+        self.release([rid])
+        # A streaming request grows by a row per thinker token: room for as many again.
+        self._text.add(rid, text, spare=0 if state.finished else text.shape[0])
+        self._states[rid] = state
+        return state
 
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self._states.pop(rid, None)
+            self._text.release(rid)
+            self._seen.release(rid)
 
     def input_limit(self, request_id: str) -> int | None:
         return self._states[request_id].input_limit
@@ -100,79 +125,45 @@ class OmniTalkerAdapter(StageModelBase):
         run; once it has finished, every later step can."""
         state = self._states[request_id]
         extras = delta.extras
-        state.extend(extras.get("thinker_hidden"), extras.get("thinker_embeds"), delta.finished)
+        hidden, embeds = extras.get("thinker_hidden"), extras.get("thinker_embeds")
+        for rows in state.extend(hidden, embeds, delta.finished):
+            self._text.append(request_id, rows)
         return state.input_limit
 
     # ---- model ----------------------------------------------------------------------------
-    def _state(self, rid: str, extras: dict) -> TalkerRequestState | None:
+    def _state(self, entry: ScheduledRequest, extras: dict) -> TalkerRequestState | None:
         if not extras:
             return None  # warm-up or a bare codec prompt: codec embeddings at plain positions
-        if rid not in self._states:
-            state = build_state(extras, self.talker, self.thinker_rows, self.speakers)
-            self._states[rid] = state.to(self.device, self.dtype)
-        return self._states[rid]
+        state = self._states.get(entry.request_id)
+        return state if state is not None else self._add_state(entry.request_id, extras)
 
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
-        embed_codec = self.talker.get_input_embeddings()
-        embeds, positions = [], []
-        self._sample_ids = []
-        offset = 0
-        for entry in inputs.scheduled:
-            n = len(entry.token_ids)
-            ids = inputs.input_ids[offset : offset + n]
-            t = inputs.positions[offset : offset + n]
-            offset += n
-            state = self._state(entry.request_id, inputs.request_extras.get(entry.request_id, {}))
-            self._sample_ids.append(entry.request_id if entry.sample else None)
-            if state is None:
-                embeds.append(embed_codec(ids))
-                positions.append(t.unsqueeze(0).expand(3, -1))
-                continue
-            # The entry feeds positions first .. first + n - 1: which of them are decode steps
-            # (and their codec ids) is known on the host, without reading the device tensors.
-            first = entry.num_computed_tokens
-            num_prompt = min(max(state.prompt_len - first, 0), n)  # fed prompt positions
-            embeds.append(self._embeds(state, ids, t, first, num_prompt, embed_codec))
-            positions.append(state.positions(t, first=first))
-            state.history.update(entry.token_ids[num_prompt:])
-        self._sample_ids = [rid for rid in self._sample_ids if rid is not None]
-        hidden_in = self.talker.thinker_to_talker_proj(torch.cat(embeds))
+        extras = inputs.request_extras
+        # Every state first: adding one to the arena may move the others' rows.
+        states = [self._state(e, extras.get(e.request_id, {})) for e in inputs.scheduled]
+        step = plan_step(inputs.scheduled, states, self._text.start, self._seen.slot)
+        (text_index, codec_ids, no_codec, positions, mark_slots, mark_ids, sample_slots, groups) = (
+            upload(step.arrays(), self.device)
+        )
+        if step.mark_ids:
+            self._seen.mark(mark_slots, mark_ids)
+        self._sample_ids = step.sample_ids
+        self._penalty = (sample_slots, groups, step.penalties) if step.penalties else None
+        text = self._text.rows.index_select(0, text_index)
+        codec = self.talker.get_input_embeddings()(codec_ids)
+        embeds = text + codec.masked_fill(no_codec.unsqueeze(1), 0.0)
         out = self.talker.model(
-            inputs_embeds=hidden_in.unsqueeze(0),
-            position_ids=torch.cat(positions, dim=1).unsqueeze(1),
+            inputs_embeds=self.talker.thinker_to_talker_proj(embeds).unsqueeze(0),
+            position_ids=positions.unsqueeze(1),
             use_cache=False,
             omni_attn=inputs.attn,
         )
         return ModelOutputs(hidden_states=out.last_hidden_state[0])
 
-    def _embeds(
-        self, state: TalkerRequestState, ids, t, first: int, num_prompt: int, embed_codec
-    ) -> torch.Tensor:
-        """Input embeddings of positions t = first, first + 1, ... (ids: the fed codec ids);
-        the first num_prompt of them are prompt positions, the rest decode steps."""
-        text = state.text[t.clamp(max=state.text.shape[0] - 1)]
-        codec = torch.zeros_like(text)
-        if num_prompt < len(t):
-            codec[num_prompt:] = embed_codec(ids[num_prompt:])
-        if state.codec_prefix is not None:
-            prefix_start = state.prompt_len - 2  # P: codec pad, P + 1: codec bos
-            for where, codec_id in enumerate(state.codec_prefix, start=prefix_start):
-                if first <= where < first + len(t):
-                    codec_ids = torch.tensor([codec_id], device=text.device)
-                    codec[where - first] = embed_codec(codec_ids)[0]
-        return text + codec
-
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.talker.codec_head(hidden_states).float()
         logits[:, self.codec_bos] = float("-inf")  # generate's suppress_tokens=[codec bos]
-        if len(self._sample_ids) != logits.shape[0]:
-            return logits  # not the rows of the last forward: no per-request history to apply
-        for row, rid in enumerate(self._sample_ids):
-            state = self._states.get(rid)
-            if state is None or state.repetition_penalty == 1.0 or not state.history:
-                continue
-            seen = torch.tensor(sorted(state.history), device=logits.device)
-            score = logits[row, seen]
-            p = state.repetition_penalty
-            logits[row, seen] = torch.where(score < 0, score * p, score / p)
-        return logits
+        if self._penalty is None or len(self._sample_ids) != logits.shape[0]:
+            return logits  # no penalty, or not the rows of the last forward
+        slots, groups, penalties = self._penalty
+        return self._seen.penalize(logits, slots, groups, penalties)

@@ -14,9 +14,9 @@ reply = [hidden[P+j] + embeds[P+j] for j = 1..G-2] + [embed_thinker(tts_eos), em
 (the last row repeats forever). A streaming request (its thinker still generating: extras
 "thinker_finished" False) starts with the rows computed so far and gets the rest through
 `TalkerRequestState.extend`; the tts_eos/tts_pad rows are appended once the thinker has finished,
-so decode step k waits until reply[k] is known instead of guessing it. transformers' per-row EOS rewrite of the reply stream only matters
-for rows of a padded batch that stopped early; a single sequence stops at its first EOS, where the
-rewrite is the identity, so it is not needed here.
+so decode step k waits until reply[k] is known instead of guessing it. transformers' per-row EOS
+rewrite of the reply stream only matters for rows of a padded batch that stopped early; a single
+sequence stops at its first EOS, where the rewrite is the identity, so it is not needed here.
 
 Two modes, because transformers' talker forward takes two paths:
 - "masked" (default; what the talker forward does whenever it receives an attention mask, as in
@@ -30,8 +30,9 @@ Two modes, because transformers' talker forward takes two paths:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 MODES = ("masked", "unmasked")
@@ -46,62 +47,49 @@ MM_KEYS = (
 
 @dataclass
 class TalkerRequestState:
-    """What forward() needs to build any fed range of one request."""
+    """What forward() needs, besides the request's text rows (kept by the adapter in its row
+    arena), to build any fed range of one request. Host data only."""
 
-    text: torch.Tensor  # [P + 2 + G, D_thinker] thinker-side vector of each talker position
+    num_rows: int  # text rows known: P + 2 + G once the thinker has finished, fewer before
     prompt_len: int  # P + 2: positions before the first decode step
     codec_prefix: tuple[int, int] | None  # codec ids added at P and P + 1 ("masked" mode)
-    mrope: torch.Tensor | None  # [3, P + 2] prompt positions ("masked" mode)
+    mrope: np.ndarray | None  # [3, P + 2] prompt positions ("masked" mode)
     rope_delta: int  # decode position = t + rope_delta
-    history: set[int] = field(default_factory=set)  # codec ids seen (repetition penalty)
+    prompt_codec_ids: tuple[int, ...] = ()  # codec ids the penalty sees before any step
     repetition_penalty: float = 1.05
     finished: bool = True  # the thinker has finished: text ends with tts_eos, tts_pad
     tail: tuple[torch.Tensor, torch.Tensor] | None = None  # tts_eos, tts_pad rows, until finished
+    prompt_codes_marked: bool = False  # prompt_codec_ids are in the adapter's seen-mask
 
     @property
     def input_limit(self) -> int | None:
         """Positions whose inputs are known: all once the thinker has finished."""
-        return None if self.finished else self.text.shape[0]
-
-    def to(self, device: torch.device, dtype: torch.dtype | None = None) -> TalkerRequestState:
-        """This state with its tensors on `device` (text rows in `dtype`, if given): built on the
-        host from the CPU tensors the stage received, then moved once to the talker's device."""
-        text_dtype = dtype or self.text.dtype
-        self.text = self.text.to(device, text_dtype)
-        if self.mrope is not None:
-            self.mrope = self.mrope.to(device)
-        if self.tail is not None:
-            self.tail = (self.tail[0].to(device), self.tail[1].to(device))
-        return self
+        return None if self.finished else self.num_rows
 
     def extend(
         self, hidden: torch.Tensor | None, embeds: torch.Tensor | None, finished: bool
-    ) -> None:
-        """The thinker's next reply rows (generated positions: no multimodal zeroing)."""
+    ) -> list[torch.Tensor]:
+        """The thinker's next reply rows (generated positions: no multimodal zeroing): the text
+        rows to append, in order, in the thinker's dtype (the arena converts them)."""
         if self.finished:
             raise ValueError("the talker's thinker input is already complete")
-        rows = [self.text]
-        device, dtype = self.text.device, self.text.dtype
+        rows = []
         if hidden is not None and embeds is not None and hidden.shape[0]:
-            # As build_state: summed in the thinker's dtype, then on to the talker's.
-            rows.append((hidden + embeds).to(device, dtype))
+            rows.append(hidden + embeds)  # as build_state: summed in the thinker's dtype
         if finished:
             assert self.tail is not None
-            rows.append(torch.stack([r.to(device, dtype) for r in self.tail]))
+            rows.append(torch.stack(self.tail))
             self.finished, self.tail = True, None
-        self.text = torch.cat(rows)
+        self.num_rows += sum(r.shape[0] for r in rows)
+        return rows
 
-    def positions(self, t: torch.Tensor, first: int | None = None) -> torch.Tensor:
-        """[3, len(t)] positions of talker positions t. first: t is first, first + 1, ...
-        (then no device tensor is read on the host)."""
+    def positions(self, first: int, num: int) -> np.ndarray:
+        """[3, num] mrope positions of talker positions first .. first + num - 1."""
+        t = np.arange(first, first + num, dtype=np.int64)
         if self.mrope is None:
-            return t.unsqueeze(0).expand(3, -1)
-        out = (t + self.rope_delta).unsqueeze(0).expand(3, -1).clone()
-        if first is None:
-            prompt = t < self.prompt_len
-            out[:, prompt] = self.mrope[:, t[prompt]]
-            return out
-        num_prompt = min(max(self.prompt_len - first, 0), len(t))
+            return np.tile(t, (3, 1))
+        out = np.tile(t + self.rope_delta, (3, 1))
+        num_prompt = min(max(self.prompt_len - first, 0), num)
         if num_prompt:
             out[:, :num_prompt] = self.mrope[:, first : first + num_prompt]
         return out
@@ -125,10 +113,13 @@ def check_extras(extras: dict) -> None:
         raise ValueError(f"talker extras 'mode' must be one of {MODES}, got {extras['mode']!r}")
 
 
-def build_state(extras: dict, talker, thinker_rows: dict[str, torch.Tensor], speakers: dict):
-    """TalkerRequestState for one request. `talker`: the HF talker (its config and
-    get_rope_index); `thinker_rows`: thinker embedding rows "tts_eos", "tts_pad" and
-    "spk:<name>"; `speakers`: name -> speaker bos token id."""
+def build_state(
+    extras: dict, talker, thinker_rows: dict[str, torch.Tensor], speakers: dict
+) -> tuple[TalkerRequestState, torch.Tensor]:
+    """TalkerRequestState for one request and its text rows [num_rows, D_thinker] (on the host,
+    in the thinker's dtype): the thinker-side vector of each talker position. `talker`: the HF
+    talker (its config and get_rope_index); `thinker_rows`: thinker embedding rows "tts_eos",
+    "tts_pad" and "spk:<name>"; `speakers`: name -> speaker bos token id."""
     config = talker.config
     prompt_ids = list(extras["thinker_prompt_ids"])
     out_ids = list(extras["thinker_output_ids"])
@@ -160,12 +151,12 @@ def build_state(extras: dict, talker, thinker_rows: dict[str, torch.Tensor], spe
     if num_prompt:
         history.add(config.tts_codec_mask_token_id)  # generate's codec prompt ids: mask * P
     state = TalkerRequestState(
-        text=text,
+        num_rows=text.shape[0],
         prompt_len=prompt_len,
         codec_prefix=None,
         mrope=None,
         rope_delta=0,
-        history=history,
+        prompt_codec_ids=tuple(sorted(history)),
         repetition_penalty=float(extras.get("repetition_penalty", 1.05)),
         finished=finished,
         tail=None if finished else (tail[0][0], tail[1][0]),
@@ -183,6 +174,6 @@ def build_state(extras: dict, talker, thinker_rows: dict[str, torch.Tensor], spe
             mm["audio_feature_lengths"],
             mm["video_second_per_grid"],
         )
-        state.mrope = pos[:, 0, :].long()
+        state.mrope = pos[:, 0, :].long().numpy()
         state.rope_delta = int(delta.view(-1)[0])
-    return state
+    return state, text

@@ -1,7 +1,8 @@
 """BigVGAN (Qwen2_5OmniToken2WavBigVGANModel) on a padded batch of mels, and its reach.
 
 `vocode` runs the model's own modules in its forward's order on mels of different lengths, on
-the mels' device (lengths stay on the host).
+the mels' device. The lengths are read on the host and go to the device once per call (one
+non_blocking upload); each rate's padding masks and indices are built once from them.
 Every op that mixes neighbouring samples is fed, past each job's end, what the unbatched call
 sees there: zeros before a convolution or a transposed convolution (their zero padding) and the
 job's last sample before an anti-aliased activation's resamplers (their replicate padding).
@@ -14,14 +15,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
+
+from omni.runtime.host_upload import upload
 
 
 def vocode(bigvgan: nn.Module, mels: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each mel [mel_dim, num_frames] -> its 1-D waveform of num_frames * hop samples."""
-    lengths = torch.tensor([mel.shape[1] for mel in mels])  # on the host: read there
-    batch = torch.zeros(len(mels), mels[0].shape[0], int(lengths.max()), device=mels[0].device)
+    host = np.asarray([mel.shape[1] for mel in mels], dtype=np.int64)
+    device = mels[0].device
+    lengths = _Lengths(host, upload([host], device)[0])
+    batch = torch.zeros(len(mels), mels[0].shape[0], int(host.max()), device=device)
     for row, mel in enumerate(mels):
         batch[row, :, : mel.shape[1]] = mel
     hidden = bigvgan.process_mel_spectrogram(batch)  # per sample
@@ -33,12 +39,48 @@ def vocode(bigvgan: nn.Module, mels: list[torch.Tensor]) -> list[torch.Tensor]:
         # Samples of frame f are [f * hop, (f + 1) * hop) only if each layer scales exactly.
         if hidden.shape[-1] != num_in * upsample.stride[0]:
             raise ValueError(f"BigVGAN upsampling layer {layer} does not scale lengths exactly")
-        lengths = lengths * upsample.stride[0]
+        lengths = lengths.times(upsample.stride[0])
         blocks = bigvgan.resblocks[layer * num_blocks : (layer + 1) * num_blocks]
         hidden = sum(_amp_block(block, hidden, lengths) for block in blocks) / num_blocks
     hidden = _anti_aliased(bigvgan.activation_post, hidden, lengths)
     wav = torch.clamp(bigvgan.conv_post(_zero_tail(hidden, lengths)), min=-1.0, max=1.0)
-    return [wav[row, 0, :length] for row, length in enumerate(lengths.tolist())]
+    return [wav[row, 0, :length] for row, length in enumerate(lengths.host.tolist())]
+
+
+class _Lengths:
+    """Each row's valid samples at one rate: on the host (where they are read) and on the
+    device; the padding masks and indices built from them are kept per padded length."""
+
+    def __init__(self, host: np.ndarray, on_device: torch.Tensor) -> None:
+        self.host = host
+        self.on_device = on_device
+        self._scaled: dict[int, _Lengths] = {}
+        self._inside: dict[int, torch.Tensor] = {}
+        self._last: dict[int, torch.Tensor] = {}
+
+    def times(self, factor: int) -> _Lengths:
+        if factor not in self._scaled:
+            self._scaled[factor] = _Lengths(self.host * factor, self.on_device * factor)
+        return self._scaled[factor]
+
+    def fill(self, num_samples: int) -> bool:
+        """Whether every row fills all num_samples (no padding to fix)."""
+        return bool((self.host == num_samples).all())
+
+    def inside(self, num_samples: int) -> torch.Tensor:
+        """[B, 1, T] True where a sample is within its row's length."""
+        if num_samples not in self._inside:
+            positions = torch.arange(num_samples, device=self.on_device.device)
+            self._inside[num_samples] = (positions[None, :] < self.on_device[:, None])[:, None]
+        return self._inside[num_samples]
+
+    def last_index(self, num_samples: int) -> torch.Tensor:
+        """[B, T]: each sample's own index, clamped to its row's last sample."""
+        if num_samples not in self._last:
+            positions = torch.arange(num_samples, device=self.on_device.device)
+            last = (self.on_device - 1)[:, None]
+            self._last[num_samples] = torch.minimum(positions[None, :], last)
+        return self._last[num_samples]
 
 
 def hop_length(bigvgan: nn.Module) -> int:
@@ -46,7 +88,7 @@ def hop_length(bigvgan: nn.Module) -> int:
     return math.prod(upsample.stride[0] for (upsample,) in bigvgan.ups)
 
 
-def _amp_block(block: nn.Module, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def _amp_block(block: nn.Module, hidden: torch.Tensor, lengths: _Lengths) -> torch.Tensor:
     """Qwen2_5OmniAMPBlock.forward with padding-aware inputs."""
     acts1, acts2 = block.activations[::2], block.activations[1::2]
     for conv1, conv2, act1, act2 in zip(block.convs1, block.convs2, acts1, acts2, strict=True):
@@ -57,29 +99,25 @@ def _amp_block(block: nn.Module, hidden: torch.Tensor, lengths: torch.Tensor) ->
     return hidden
 
 
-def _anti_aliased(act: nn.Module, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def _anti_aliased(act: nn.Module, hidden: torch.Tensor, lengths: _Lengths) -> torch.Tensor:
     """Qwen2_5OmniAntiAliasedActivation1d.forward: upsample, activation, downsample."""
     hidden = act.act(act.upsample(_replicate_tail(hidden, lengths)))
-    return act.downsample(_replicate_tail(hidden, lengths * act.upsample.ratio))
+    return act.downsample(_replicate_tail(hidden, lengths.times(act.upsample.ratio)))
 
 
-def _zero_tail(hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def _zero_tail(hidden: torch.Tensor, lengths: _Lengths) -> torch.Tensor:
     """[B, C, T] with zeros past each row's length."""
-    if bool((lengths == hidden.shape[-1]).all()):
+    if lengths.fill(hidden.shape[-1]):
         return hidden
-    device = hidden.device
-    inside = torch.arange(hidden.shape[-1], device=device)[None, :] < lengths.to(device)[:, None]
-    zero = torch.zeros((), dtype=hidden.dtype, device=device)
-    return torch.where(inside[:, None, :], hidden, zero)
+    zero = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
+    return torch.where(lengths.inside(hidden.shape[-1]), hidden, zero)
 
 
-def _replicate_tail(hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def _replicate_tail(hidden: torch.Tensor, lengths: _Lengths) -> torch.Tensor:
     """[B, C, T] with each row's last sample repeated past its length."""
-    if bool((lengths == hidden.shape[-1]).all()):
+    if lengths.fill(hidden.shape[-1]):
         return hidden
-    device = hidden.device
-    last = (lengths - 1).to(device)
-    index = torch.minimum(torch.arange(hidden.shape[-1], device=device)[None, :], last[:, None])
+    index = lengths.last_index(hidden.shape[-1])
     return hidden.gather(2, index[:, None, :].expand(-1, hidden.shape[1], -1))
 
 

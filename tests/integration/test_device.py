@@ -1,7 +1,7 @@
 """Stage devices on a machine without a GPU: explicit `device: cpu` changes nothing, `device: cuda`
 is refused naming the stage before any weights load, engines report device, dtype and memory,
-the GPU KV sizing arithmetic on injected numbers, and the output cache's run-by-run copy path
-(the one a GPU stage takes into pinned host memory) in its synchronous CPU form.
+the GPU KV sizing arithmetic on injected numbers, and the output cache's staged copy path
+(the one a GPU stage takes into pinned host memory) in its CPU form.
 
 The same paths on a real GPU are in tests/cuda/ (skipped without one)."""
 
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import FakeGpu, make_engine, run_engine, shared_prefix_prompts, transformers_greedy
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from omni import Omni
 from omni.config import ConfigError, load_config
@@ -27,7 +28,7 @@ from omni.engine.cache_sizing import (
 )
 from omni.engine.device import resolve_device, resolve_dtype
 from omni.messages import StageInput
-from omni.runtime.output_cache import OutputCache, slot_runs
+from omni.runtime.output_cache import OutputCache
 from stages.qwen2_5_omni.talker_inputs import TalkerRequestState
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -270,19 +271,9 @@ def _replace_engine(config, **changes):
 # ---- the output cache's asynchronous write path, degenerate on the CPU ------------------------
 
 
-def test_slot_runs():
-    assert slot_runs(np.array([], dtype=np.int64)) == []
-    assert slot_runs(np.array([4, 5, 6, 12, 13, 2, 3, 9])) == [
-        (0, 4, 3),
-        (3, 12, 2),
-        (5, 2, 2),
-        (7, 9, 1),
-    ]
-
-
 def test_async_copy_path_writes_the_same_rows():
-    """Random steps over fragmented block tables: the run-by-run path (a GPU stage's, here
-    with synchronous CPU copies) leaves exactly the rows the indexed write does."""
+    """Random steps over fragmented block tables: the staged path (a GPU stage's, here with
+    plain CPU copies) leaves exactly the rows the indexed write does once synchronized."""
     rng = np.random.default_rng(0)
     caches = {mode: OutputCache(16, 4, torch.float32, async_copies=mode) for mode in (False, True)}
     for cache in caches.values():
@@ -301,6 +292,7 @@ def test_async_copy_path_writes_the_same_rows():
             cache.write(slots, rows)
     sync, copied = caches[False], caches[True]
     assert set(copied.caches) == {"hidden_states", "extra"}
+    copied.synchronize()
     for name in sync.caches:
         assert torch.equal(sync.caches[name], copied.caches[name]), name
     table = [3, 0, 9, 7]
@@ -314,6 +306,43 @@ def test_async_copy_path_writes_the_same_rows():
     before = got["hidden_states"].clone()
     copied.write(torch.arange(64), {"hidden_states": torch.zeros(64, 3)})
     assert torch.equal(got["hidden_states"], before)
+
+
+def test_staged_write_is_one_copy_per_output_whatever_the_slots():
+    """A step of 12 rows over 12 scattered slots: one copy of each output into staging and one
+    host scatter of each, not one copy per run of consecutive slots. The rows reach the cache
+    at the next read (or write), in write order: a slot written twice keeps the later rows."""
+    cache = OutputCache(16, 4, torch.float32, async_copies=True)
+    cache.allocate("hidden_states", (3,))
+    cache.allocate("extra", (2,))
+    slots = torch.tensor([9, 3, 40, 41, 17, 0, 63, 22, 5, 30, 31, 12])
+    rows = {"hidden_states": torch.randn(12, 3), "extra": torch.randn(12, 2)}
+    with _Ops() as seen:
+        cache.write(slots, rows)
+    assert seen.count("_to_copy") == 2 and seen.count("copy_") == 0
+    assert not cache.caches["hidden_states"].any()  # staged, not yet scattered
+    later = {"hidden_states": torch.full((2, 3), 7.0), "extra": torch.zeros(2, 2)}
+    with _Ops() as seen:
+        cache.write(torch.tensor([3, 41]), later)  # the first write lands now (no stream)
+    assert seen.count("index_copy_") == 2
+    got = cache.rows([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], 0, 64)
+    want = torch.zeros(64, 3)
+    want[slots] = rows["hidden_states"]
+    want[[3, 41]] = 7.0
+    assert torch.equal(got["hidden_states"], want)
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+    def count(self, name: str) -> int:
+        return self.names.count(name)
 
 
 @pytest.mark.slow
@@ -341,14 +370,19 @@ def test_engine_outputs_through_the_async_copy_path(qwen2_dir, monkeypatch):
 
 
 def test_talker_positions_from_the_host_equal_the_masked_lookup():
-    mrope = torch.arange(3 * 7).view(3, 7) * 10
+    """Host positions of any fed range: the prompt's mrope rows, then t + rope_delta."""
+    mrope = (np.arange(3 * 7).reshape(3, 7) * 10).astype(np.int64)
     state = TalkerRequestState(
-        text=torch.zeros(12, 2), prompt_len=7, codec_prefix=None, mrope=mrope, rope_delta=-3
+        num_rows=12, prompt_len=7, codec_prefix=None, mrope=mrope, rope_delta=-3
     )
     for first in range(0, 11):
         for n in range(1, 12 - first):
-            t = torch.arange(first, first + n)
-            assert torch.equal(state.positions(t, first=first), state.positions(t)), (first, n)
+            t = np.arange(first, first + n)
+            want = np.tile(t - 3, (3, 1))
+            want[:, t < 7] = mrope[:, t[t < 7]]
+            assert np.array_equal(state.positions(first, n), want), (first, n)
+    state.mrope = None
+    assert np.array_equal(state.positions(5, 4), np.tile(np.arange(5, 9), (3, 1)))
 
 
 def test_packed_inputs_query_starts(qwen2_dir):

@@ -211,8 +211,12 @@ class _LoopKiller(BaseException):
     """Not an Exception: escapes the per-step recovery and ends the stage's loop thread."""
 
 
-def test_a_dead_stage_is_reported_not_waited_on(dirs):
-    with Omni(two_stage_config(*dirs, **{"runtime.backend": "local"})) as omni:
+@pytest.mark.parametrize("stage_threads", ["shared", "per_stage"])
+def test_a_dead_stage_is_reported_not_waited_on(dirs, stage_threads):
+    """Whether stage b steps on the shared thread or on its own (a GPU stage's)."""
+    overrides = {"runtime.backend": "local", "runtime.stage_threads": stage_threads}
+    with Omni(two_stage_config(*dirs, **overrides)) as omni:
+        assert omni.backend.hosts["b"].threaded == (stage_threads == "per_stage")
         omni.check_health()
         engine = omni.backend.hosts["b"].engine
 

@@ -27,6 +27,7 @@ from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
 from stages.qwen2_5_omni.token2wav_chunks import request_noise
 from stages.qwen2_5_omni.token2wav_memory import whole_decode_bytes
 from stages.qwen2_5_omni.token2wav_vocoder import vocode
+from tests.sync_counter import SyncCounter
 
 pytestmark = pytest.mark.slow
 
@@ -167,6 +168,19 @@ def test_vocoder_reach_and_batch(adapter):
         changed = (adapter.bigvgan(moved[None]) != wav).nonzero().flatten() / adapter.hop
     reach = adapter.vocoder_reach  # no sample further than reach frames from frame 50 moves
     assert changed.numel() and changed.min() >= 50 - reach and changed.max() < 51 + reach
+
+
+def test_vocoder_batch_of_lengths_waits_for_no_device(adapter):
+    """Mels of three lengths in one batch: each waveform is its unbatched one, and the padding
+    masks cost no host-device sync (the lengths go to the device once, in one upload)."""
+    gen = torch.Generator().manual_seed(4)
+    mels = [torch.randn(80, n, generator=gen) - 5 for n in (30, 17, 24)]
+    with torch.inference_mode(), SyncCounter({"vocode": vocode}) as counter:
+        batched = vocode(adapter.bigvgan, mels)
+    assert counter.of("vocode") == []
+    with torch.inference_mode():
+        for mel, wav in zip(mels, batched, strict=True):
+            torch.testing.assert_close(wav, vocode(adapter.bigvgan, [mel])[0], atol=1e-5, rtol=0)
 
 
 def engine(omni_dir, adapter, **stream) -> GenerationEngine:

@@ -244,6 +244,7 @@ def test_stage_field_errors(model, extra, fragments):
         ({"num_cpus": 0}, ["runtime.num_cpus", "got 0"]),
         ({"log_level": "LOUD"}, ["runtime.log_level", "'LOUD'"]),
         ({"placement": "strict_spread"}, ["runtime.placement", "'none'", "'strict_spread'"]),
+        ({"stage_threads": "gpu"}, ["runtime.stage_threads", "'per_stage'", "'gpu'"]),
         ({"adress": "auto"}, ["runtime", "did you mean 'address'"]),
     ],
 )

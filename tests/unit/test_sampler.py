@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from omni.core.sampling_params import SamplingParams
 from omni.runtime.sampler import Sampler
+from tests.sync_counter import SyncCounter
 
 
 def logits(rows=4, vocab=50, seed=0):
@@ -62,6 +64,50 @@ def test_sampling_follows_the_distribution():
     draws = torch.tensor(Sampler(seed=3)(x, [SamplingParams(temperature=1.0)] * 4000, [0] * 4000))
     freq = torch.bincount(draws, minlength=3).float() / 4000
     assert torch.allclose(freq, probs, atol=0.03)
+
+
+def test_the_ids_copy_is_the_only_host_sync():
+    """Greedy, unseeded and seeded rows with top-k and top-p in one batch: the per-row vectors
+    go over in one upload from host arrays, so the chosen ids' .tolist() is the only call that
+    would make the host wait for a GPU."""
+    x = logits(rows=6)
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.0, seed=3, top_k=5, top_p=0.9),
+    ] * 2
+    for inference in (False, True):
+        with torch.inference_mode(inference), SyncCounter({"sampler": Sampler.__call__}) as c:
+            Sampler()(x, params, [0] * 6)
+        assert c.of("sampler") == ["tolist"]
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append((func, tuple(args[0].shape) if args else None))
+        return func(*args, **(kwargs or {}))
+
+
+def test_greedy_rows_take_the_argmax_of_the_logits_as_they_are():
+    """bfloat16 logits, greedy only: no float32 copy of the logits (the argmax is exact in
+    bfloat16), and a tie goes to the first index as in float32."""
+    x = logits(rows=5, vocab=300).bfloat16()
+    x[3, 7] = x[3, 9] = x[3].max() + 1  # a tie
+    with _Ops() as seen:
+        got = Sampler()(x, [SamplingParams()] * 5, [0] * 5)
+    assert got == x.float().argmax(-1).tolist() and got[3] == 7
+    assert [f for f, _ in seen.ops] == [torch.ops.aten.argmax.default]
+    # Mixed: only the two random rows are converted, and their noise is one draw.
+    mixed = [SamplingParams(), SamplingParams(temperature=1.0)] * 2 + [SamplingParams()]
+    with _Ops() as seen:
+        Sampler()(x, mixed, [0] * 5)
+    copies = [shape for f, shape in seen.ops if f == torch.ops.aten._to_copy.default]
+    draws = [shape for f, shape in seen.ops if f == torch.ops.aten.exponential_.default]
+    assert copies == [(2, 300)] and draws == [(2, 300)]
 
 
 @pytest.mark.parametrize(

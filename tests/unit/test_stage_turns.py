@@ -1,4 +1,5 @@
-"""StageTurns: urgent stages first, then the least stepping time; idle stages bank no credit."""
+"""StageTurns: urgent stages first, then the least stepping time; idle stages bank no credit.
+And the local backend's policy for which stages step on a thread of their own."""
 
 from omni.backends.stage_turns import StageTurns
 
@@ -53,3 +54,13 @@ def test_idle_stages_bank_no_credit():
     assert turns.pick(["thinker", "talker"]) == "thinker"
     turns.charge("thinker", 1.0)
     assert turns.pick(["thinker", "talker"]) == "talker"
+
+
+def test_which_stages_get_a_thread_of_their_own():
+    """The local backend's policy, on each stage's resolved device: auto gives GPU stages their
+    own thread and keeps CPU stages on the shared one."""
+    from omni.backends.local import own_thread
+
+    assert own_thread("auto", "cuda") and not own_thread("auto", "cpu")
+    assert own_thread("per_stage", "cpu") and own_thread("per_stage", "cuda")
+    assert not own_thread("shared", "cuda") and not own_thread("shared", "cpu")

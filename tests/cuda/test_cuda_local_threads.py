@@ -1,0 +1,53 @@
+"""The tiny Qwen2.5-Omni pipeline with every stage on the GPU (local backend): under
+`runtime.stage_threads: auto` each stage steps on a thread of its own, and the float32 thinker
+tokens, talker codes and audio equal the one-thread (`shared`) run, streaming included. The
+wall time of both runs is printed (the tiny model is launch-bound: overlap shows there)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from omni import Omni
+from omni.core.sampling_params import SamplingParams
+
+pytestmark = [pytest.mark.cuda, pytest.mark.slow]
+
+STAGES = ("thinker", "talker", "token2wav")
+PROMPTS = [{"prompt": f"tell me about the sea, part {i}"} for i in range(6)]
+PARAMS = [
+    SamplingParams(max_tokens=8, ignore_eos=True),
+    SamplingParams(max_tokens=60, ignore_eos=True, stop_token_ids=(8292, 8294)),
+    SamplingParams(max_tokens=1, seed=0),
+]
+
+
+def run(omni_dir: str, stage_threads: str):
+    overrides: dict = {f"stages.{stage}.engine.device": "cuda" for stage in STAGES}
+    for stage in ("thinker", "talker"):
+        overrides[f"stages.{stage}.engine.dtype"] = "float32"
+    runtime = {"backend": "local", "stage_threads": stage_threads}
+    with Omni(model=omni_dir, runtime=runtime, **overrides) as omni:
+        own = {name: host.threaded for name, host in omni.backend.hosts.items()}
+        omni.generate(PROMPTS[:1], PARAMS, use_tqdm=False)  # warm-up (Triton compiles)
+        start = time.perf_counter()
+        outputs = omni.generate(PROMPTS, PARAMS, use_tqdm=False, stream_audio=True)
+        seconds = time.perf_counter() - start
+        threads = [h._thread for h in omni.backend.hosts.values() if h._thread]
+    assert not any(thread.is_alive() for thread in threads)
+    return own, outputs, seconds
+
+
+def test_gpu_stages_on_their_own_threads_equal_one_thread(omni_dir):
+    own_shared, shared, shared_s = run(omni_dir, "shared")
+    own_auto, auto, auto_s = run(omni_dir, "auto")
+    print(f"\n[{len(PROMPTS)} requests] shared thread {shared_s:.2f} s, own threads {auto_s:.2f} s")
+    assert own_shared == dict.fromkeys(STAGES, False) and own_auto == dict.fromkeys(STAGES, True)
+    for a, b in zip(shared, auto, strict=True):
+        assert a.error is None and b.error is None, (a.error, b.error)
+        for stage in ("thinker", "talker"):
+            assert a.stages[stage].token_ids == b.stages[stage].token_ids, stage
+        assert a.final.audio.shape == b.final.audio.shape and a.final.audio.numel() > 0
+        torch.testing.assert_close(a.final.audio, b.final.audio, atol=1e-4, rtol=1e-3)

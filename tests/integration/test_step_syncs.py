@@ -1,0 +1,105 @@
+"""Host-device synchronising calls per decode step, counted on the CPU per component.
+
+A decode step may make the host wait for the device once: the sampler's copy of the chosen ids
+(`.tolist()`). Everything else a step needs from the host goes over in non_blocking uploads of
+host arrays, and nothing reads the device back. tests/sync_counter.py counts the calls that
+would block on a GPU (scalar reads, .tolist(), data-dependent shapes, bool-mask indexing,
+tensors made from Python data, blocking cross-device copies) and charges each to the innermost
+component on the stack. The assertions are per component (the sampler, the talker's forward and
+logits, the output cache's write), so work elsewhere in a step (the runner's packing) is not
+asserted here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import make_engine
+from transformers import Qwen2_5OmniConfig
+
+from omni.config import load_config
+from omni.core.sampling_params import SamplingParams
+from omni.engine import StageEngine
+from omni.messages import StageInput
+from omni.runtime.output_cache import OutputCache
+from omni.runtime.sampler import Sampler
+from stages.qwen2_5_omni.talker import OmniTalkerAdapter, speaker_key
+from tests.sync_counter import SyncCounter
+
+COMPONENTS = {
+    "sampler": Sampler.__call__,
+    "talker": [OmniTalkerAdapter.forward, OmniTalkerAdapter.compute_logits],
+    "output cache": [OutputCache.write, OutputCache.discover],
+}
+NUM_COUNTED = 4
+
+
+def count_decode_steps(engine: StageEngine, num_requests: int) -> SyncCounter:
+    """Step until every request decodes, then count NUM_COUNTED pure decode steps."""
+    for _ in range(3):
+        engine.step()
+    with SyncCounter(COMPONENTS) as counter:
+        for _ in range(NUM_COUNTED):
+            scheduled = engine.scheduler.schedule()
+            entries = scheduled.scheduled
+            assert len(entries) == num_requests
+            assert all(len(e.token_ids) == 1 and e.sample and not e.is_new for e in entries)
+            engine.update(scheduled, engine.runner.execute(scheduled))
+    return counter
+
+
+def causal_lm_counts(model_dir: str, **engine: object) -> SyncCounter:
+    """Greedy, top-p and seeded top-k requests decoding together (the output cache kept)."""
+    engine_ = make_engine(model_dir, block_size=4, num_blocks=64, **engine)
+    params = [
+        SamplingParams(max_tokens=20, ignore_eos=True),
+        SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8, top_p=0.9),
+        SamplingParams(max_tokens=20, ignore_eos=True, temperature=1.0, top_k=5, seed=3),
+    ]
+    for i, p in enumerate(params):
+        engine_.add_request(StageInput(f"r{i}", [5 + i, 6, 7, 8, 9][: 3 + i], p))
+    return count_decode_steps(engine_, len(params))
+
+
+def talker_counts(omni_dir: str, **engine: object) -> SyncCounter:
+    """Masked and unmasked talker requests, one with a penalty of its own."""
+    stage = {
+        "name": "talker",
+        "model": omni_dir,
+        "adapter": "qwen2_5_omni_talker",
+        "engine": {"block_size": 4, "num_blocks": 64, **engine},
+    }
+    engine_ = StageEngine(load_config({"stages": [stage]}).stages[0])
+    dim = Qwen2_5OmniConfig.from_pretrained(omni_dir).talker_config.embedding_size
+    gen = torch.Generator().manual_seed(0)
+    cases = [("masked", 1.05), ("unmasked", 1.05), ("masked", 1.3)]
+    for i, (mode, penalty) in enumerate(cases):
+        prompt, output = [5, 17, 99, 3 + i], [7, 8, 9, 10]
+        rows = len(prompt) + len(output) - 1
+        extras = {
+            "thinker_prompt_ids": prompt,
+            "thinker_output_ids": output,
+            "thinker_hidden": torch.randn(rows, dim, generator=gen),
+            "thinker_embeds": torch.randn(rows, dim, generator=gen),
+            "mode": mode,
+            "repetition_penalty": penalty,
+        }
+        ids = prompt + [speaker_key("Chelsie"), output[0]]
+        params = SamplingParams(max_tokens=20, ignore_eos=True)
+        engine_.add_request(StageInput(f"t{i}", ids, params, extras=extras))
+    return count_decode_steps(engine_, len(cases))
+
+
+def test_causal_lm_decode_step_syncs(qwen2_dir, one_torch_thread):
+    counter = causal_lm_counts(qwen2_dir)
+    assert counter.of("sampler") == ["tolist"] * NUM_COUNTED
+    assert counter.of("output cache") == []
+
+
+@pytest.mark.slow
+def test_talker_decode_step_syncs(omni_dir):
+    """The talker's forward and logits (inputs, codec history, penalty) make no sync."""
+    counter = talker_counts(omni_dir)
+    assert counter.of("talker") == []
+    assert counter.of("sampler") == ["tolist"] * NUM_COUNTED
+    assert counter.of("output cache") == []
