@@ -3,8 +3,8 @@
 The CPU path exists for tests only (Triton's interpreter runs the kernel body with numpy; slow,
 not thread-safe). It does what TRITON_INTERPRET=1 at import would have done, for one launch:
 without that variable triton.jit compiled the kernel for the GPU and triton.language's own
-jitted helpers (tl.sum, tl.exp, ...) refuse to be called from Python. The same switch is
-written out in kernels/triton_paged_attention.py for its one kernel.
+jitted helpers (tl.sum, tl.exp, ...) refuse to be called from Python. Every kernel of kernels/,
+the paged attention included, launches through here.
 """
 
 from __future__ import annotations

@@ -27,19 +27,9 @@ CPU tensors run under Triton's interpreter (tests only: slow, and bf16/fp16 dots
 float32 there since the interpreter stores bfloat16 as raw uint16).
 """
 
-import contextlib
-import types
-
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the environment
-    triton = None
-    tl = types.SimpleNamespace(constexpr=None)  # for the kernel's annotations; never launched
-
-HAVE_TRITON = triton is not None
+from kernels.triton_launch import HAVE_TRITON, launch, next_pow2, tl, triton
 
 ROWS_PREFILL = 64  # query rows (tokens x group heads) per program when some chunk is long
 ROWS_DECODE = 16  # rows per program when every sequence feeds one token (tl.dot needs >= 16)
@@ -180,49 +170,6 @@ if HAVE_TRITON:
     )
 
 
-@contextlib.contextmanager
-def _interpreted():
-    """Run Triton's interpreter on CPU tensors, as TRITON_INTERPRET=1 at import would have.
-
-    Without that variable, triton.jit compiled the kernel for the GPU and triton.language's own
-    jitted helpers (tl.zeros, tl.sum, tl.max, ...) refuse to be called from Python. For the
-    duration of one launch this interprets the kernel and routes those helpers through the
-    interpreter too. Tests and CPU experiments only: slow, not thread-safe.
-    """
-    from triton.runtime.interpreter import InterpretedFunction, _patch_lang
-    from triton.runtime.jit import JITFunction
-
-    if not isinstance(_kernel, JITFunction):  # TRITON_INTERPRET=1 was set: already interpreted
-        yield _kernel
-        return
-    rewritten: dict = {}
-
-    def call(self, *args, **kwargs):
-        function = rewritten.get(self.fn)
-        if function is None:
-            function = rewritten[self.fn] = InterpretedFunction(self.fn).rewrite()
-        # Like InterpretedFunction.__call__, but undoing its patches of triton.language: left in
-        # place they would break every later compilation in this process.
-        scope = _patch_lang(self.fn)
-        try:
-            return function(*args, **kwargs)
-        finally:
-            scope.restore()
-
-    original = JITFunction.__call__
-    JITFunction.__call__ = call
-    try:
-        with triton.knobs.runtime.scope():
-            triton.knobs.runtime.interpret = True
-            yield InterpretedFunction(_attention_kernel)
-    finally:
-        JITFunction.__call__ = original
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def triton_paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -274,12 +221,12 @@ def triton_paged_attention(
         return out
     device = query.device
     group = num_heads // num_kv_heads
-    group_pad = _next_pow2(group)
+    group_pad = next_pow2(group)
     if block_q is None:
         rows = ROWS_DECODE if num_tokens <= num_seqs else ROWS_PREFILL
         block_q = max(1, rows // group_pad)
-    block_q = _next_pow2(block_q)
-    head_dim_pad = max(16, _next_pow2(head_dim))
+    block_q = next_pow2(block_q)
+    head_dim_pad = max(16, next_pow2(head_dim))
     block_n = BLOCK_N if head_dim_pad * query.element_size() <= TILE_ROW_BYTES else BLOCK_N // 2
     starts = query_start_loc.to(device, non_blocking=True)
     lens = seq_lens.to(device, non_blocking=True)
@@ -298,33 +245,35 @@ def triton_paged_attention(
     # The interpreter (CPU tensors, or TRITON_INTERPRET=1) cannot multiply bf16: it stores them
     # as raw uint16. It then runs the dots in float32.
     interpret = device.type == "cpu" or not isinstance(_kernel, triton.runtime.jit.JITFunction)
-    with _interpreted() if device.type == "cpu" else contextlib.nullcontext(_kernel) as kernel:
-        kernel[grid](
-            query,
-            key_cache,
-            value_cache,
-            out,
-            tables,
-            lens,
-            starts,
-            tile_starts,
-            num_seqs,
-            max(1, (num_seqs - 1).bit_length()),  # binary search steps over tile_starts
-            scale * 1.4426950408889634,  # log2(e): the kernel uses exp2
-            *query.stride(),
-            *out.stride(),
-            *key_cache.stride(),
-            *value_cache.stride(),
-            tables.stride(0),
-            BLOCK_SIZE=block_size,
-            HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=head_dim_pad,
-            GROUP=group,
-            GROUP_PAD=group_pad,
-            BLOCK_Q=block_q,
-            BLOCK_N=block_n,
-            FP32_DOT=interpret,
-            PRECISION="ieee" if query.dtype == torch.float32 or interpret else "tf32",
-            num_warps=8 if head_dim_pad >= 256 else 4,
-        )
+    launch(
+        _kernel,
+        grid,
+        device,
+        query,
+        key_cache,
+        value_cache,
+        out,
+        tables,
+        lens,
+        starts,
+        tile_starts,
+        num_seqs,
+        max(1, (num_seqs - 1).bit_length()),  # binary search steps over tile_starts
+        scale * 1.4426950408889634,  # log2(e): the kernel uses exp2
+        *query.stride(),
+        *out.stride(),
+        *key_cache.stride(),
+        *value_cache.stride(),
+        tables.stride(0),
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_pad,
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        BLOCK_Q=block_q,
+        BLOCK_N=block_n,
+        FP32_DOT=interpret,
+        PRECISION="ieee" if query.dtype == torch.float32 or interpret else "tf32",
+        num_warps=8 if head_dim_pad >= 256 else 4,
+    )
     return out
