@@ -1,3 +1,6 @@
+import ast
+import importlib.util
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -53,7 +56,9 @@ def one_torch_thread():
 
 def pytest_collection_modifyitems(config, items):
     """`cuda` tests run only where torch sees a GPU (CI has none: they show as skipped)."""
-    cuda_items = [item for item in items if "cuda" in item.keywords]
+    # The marker, not the keyword: keywords include the path, and tests/cuda/test_tf32_off.py
+    # runs everywhere.
+    cuda_items = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not cuda_items:
         return
     import torch
@@ -63,3 +68,86 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false)")
     for item in cuda_items:
         item.add_marker(skip)
+
+
+# ---- modules whose optional imports are missing, under a -m that deselects all their tests -----
+# The server extras and Ray are dependencies, so every ordinary run imports the modules that use
+# them and a missing one fails loudly. The GPU machine lacks them, and its `pytest -m cuda` over
+# tests/ selects none of those modules' tests: there, and only when -m deselects every test of a
+# module (by the markers its source names), the module is left out of collection instead of
+# failing it on the import. A module that needs one of these packages imports it at its top.
+OPTIONAL_PACKAGES = frozenset(
+    {"fastapi", "httpx", "openai", "prometheus_client", "pydantic", "ray", "starlette", "uvicorn"}
+)
+MARKERS = ("cuda", "ray", "slow")
+LEFT_OUT = pytest.StashKey[list]()
+
+
+def _marks(node: ast.AST) -> set[str]:
+    """Every `pytest.mark.NAME` (or `mark.NAME`) below node."""
+    return {
+        n.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Attribute)
+        and (
+            (isinstance(n.value, ast.Attribute) and n.value.attr == "mark")
+            or (isinstance(n.value, ast.Name) and n.value.id == "mark")
+        )
+    }
+
+
+def _missing_and_deselected(path: Path, markexpr: str) -> list[str]:
+    """The optional packages the module imports at its top and this environment lacks, if -m
+    deselects every test it could hold; else []."""
+    from _pytest.mark.expression import Expression
+
+    tree = ast.parse(path.read_text(), str(path))
+    roots = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    missing = sorted(r for r in roots & OPTIONAL_PACKAGES if importlib.util.find_spec(r) is None)
+    if not missing:
+        return []
+    module_marks = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets):
+            module_marks = _marks(node) & set(MARKERS)
+    others = sorted((_marks(tree) & set(MARKERS)) - module_marks)
+    expression = Expression.compile(markexpr)
+    for size in range(len(others) + 1):  # a test has the module's marks and any of the others
+        for extra in itertools.combinations(others, size):
+            names = frozenset(module_marks | set(extra))
+            if expression.evaluate(lambda name, /, names=names, **kwargs: name in names):
+                return []
+    return missing
+
+
+def pytest_ignore_collect(collection_path, config):
+    markexpr = config.getoption("markexpr")
+    if (
+        not markexpr
+        or collection_path.suffix != ".py"
+        or not collection_path.name.startswith("test_")
+    ):
+        return None
+    missing = _missing_and_deselected(collection_path, markexpr)
+    if not missing:
+        return None
+    config.stash.setdefault(LEFT_OUT, []).append(f"{collection_path} (no {', '.join(missing)})")
+    return True
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    left_out = config.stash.get(LEFT_OUT, [])
+    if left_out:
+        markexpr = config.getoption("markexpr")
+        terminalreporter.write_line(
+            f"left out of collection (-m {markexpr!r} deselects all their tests, and they "
+            "import packages not installed here):"
+        )
+        for line in left_out:
+            terminalreporter.write_line(f"  {line}")

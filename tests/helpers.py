@@ -1,4 +1,11 @@
-"""Shared test helpers: reference generation with transformers, engines from tiny checkpoints."""
+"""Shared test helpers: reference generation with transformers, engines from tiny checkpoints,
+and the overrides that keep a test on the CPU.
+
+Tests that compare with a CPU float32 reference (transformers, or another run of ours on the CPU)
+pin their stages to the CPU: with `engine.device: auto` they would run on a GPU wherever one is
+(in bfloat16 unless the config says float32) and compare numbers the reference never made. Their
+GPU twins are in tests/cuda.
+"""
 
 from __future__ import annotations
 
@@ -45,9 +52,29 @@ def transformers_greedy(
     return outputs
 
 
+OMNI_STAGES = ("thinker", "talker", "token2wav")
+"""The stages of the shipped qwen2_5_omni.yaml (what `Omni(model=omni_dir)` loads)."""
+
+
+def on_cpu(*stages: str) -> dict[str, str]:
+    """Config overrides pinning the named stages to the CPU (`engine.device: cpu`)."""
+    return {f"stages.{name}.engine.device": "cpu" for name in stages}
+
+
+OMNI_ON_CPU = on_cpu(*OMNI_STAGES)
+"""`Omni(model=omni_dir, **OMNI_ON_CPU)`: the whole tiny Qwen2.5-Omni pipeline on the CPU."""
+
+
+def cli_sets(overrides: dict[str, object]) -> list[str]:
+    """The same overrides as `--set KEY=VALUE` arguments of `omni run` and `omni serve`."""
+    return [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
+
+
 def make_engine(model_dir: str, **engine: object) -> StageEngine:
-    """A one-stage engine that keeps every per-token output its model emits (outputs=None),
-    unless `outputs` is given: these tests look at the output cache."""
+    """A one-stage engine on the CPU unless `device` is given (see the module docstring) that
+    keeps every per-token output its model emits (outputs=None), unless `outputs` is given:
+    these tests look at the output cache."""
+    engine.setdefault("device", "cpu")
     config = load_config({"stages": [{"name": "llm", "model": model_dir, "engine": dict(engine)}]})
     return StageEngine(
         all_outputs(config.stages[0]) if "outputs" not in engine else config.stages[0]

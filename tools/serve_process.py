@@ -40,7 +40,10 @@ class ServeProcess:
             "OMP_NUM_THREADS": str(threads),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_VERBOSITY": "error",
-            "PYTHONPATH": str(REPO),
+            # The repo first, then the caller's path (packages installed with pip --target).
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+            ),
             **(env or {}),
         }
         self.lines: list[str] = []

@@ -143,11 +143,11 @@ class OmniToken2WavAdapter(StageModelBase):
         cond, ref_mel = self.speakers[extras.get("speaker", DEFAULT_SPEAKER)]
         ode = {k: extras.get(k, v) for k, v in ODE_DEFAULTS.items()}
         codes = torch.tensor([stage_input.prompt_token_ids], dtype=torch.long, device=self.device)
-        # The noise is drawn on the model's device: fork (and restore) that device's generator.
+        # The noise is drawn on the model's device: fork (and restore) that device's generator
+        # besides the CPU's (always forked). device_type is always a string: torch 2.11 refuses
+        # None (2.13 takes it); on the CPU, devices=[] leaves CUDA untouched.
         on_gpu = self.device.type == "cuda"
-        with torch.random.fork_rng(
-            devices=[self.device] if on_gpu else [], device_type="cuda" if on_gpu else None
-        ):
+        with torch.random.fork_rng(devices=[self.device] if on_gpu else [], device_type="cuda"):
             torch.manual_seed(seed)
             wav = self.model(codes, conditioning=cond, reference_mel=ref_mel, **ode)
         return wav.reshape(-1).float().cpu()

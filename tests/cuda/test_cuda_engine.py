@@ -14,6 +14,7 @@ import torch
 from helpers import make_engine, run_engine, shared_prefix_prompts
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
+from omni.config import ConfigError
 from omni.core.sampling_params import SamplingParams
 from omni.runtime.output_cache import OutputCache
 
@@ -84,6 +85,17 @@ def test_float32_tokens_equal_transformers_on_cuda(family, name):
     if name == "sized-from-gpu":
         # Capped at max_num_seqs sequences of max_model_len, as on the CPU.
         assert stats["num_blocks"] == 32 * 512 // 16, stats
+
+
+def test_a_pool_larger_than_the_gpu_is_a_config_error(qwen2_dir):
+    """The GPU twin of tests/integration/test_cache_sizing.py: an explicit num_blocks is checked
+    against the GPU memory free after the weights load, and the message says so."""
+    with pytest.raises(ConfigError) as info:
+        make_engine(qwen2_dir, device="cuda", num_blocks=1_000_000_000)
+    message = str(info.value)
+    assert message.startswith("stage 'llm': stages.llm.engine.num_blocks=1000000000 needs")
+    assert "bytes of GPU memory" in message
+    assert "bytes are free after loading the weights" in message
 
 
 def test_bfloat16_agreement_is_reported(family):

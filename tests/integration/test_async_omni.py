@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import OMNI_ON_CPU
 from PIL import Image
 
 from omni import AsyncOmni, Omni
@@ -34,6 +35,7 @@ LONG = [
     SamplingParams(max_tokens=1, seed=3),
 ]
 SHARED = "You are a helpful assistant. Answer in one short sentence, please. "
+CPU = {"runtime": {"backend": "local"}, **OMNI_ON_CPU}  # every run compared with `sequential`
 
 
 def _prompts(num_prompts: int = 64) -> list:
@@ -50,7 +52,7 @@ def _prompts(num_prompts: int = 64) -> list:
 @pytest.fixture(scope="module")
 def sequential(omni_dir):
     """Each prompt alone through its own call: the reference for every concurrent run."""
-    with Omni(model=omni_dir, runtime={"backend": "local"}) as omni:
+    with Omni(model=omni_dir, **CPU) as omni:
         return [omni.generate([p], PARAMS, use_tqdm=False)[0] for p in _prompts()]
 
 
@@ -95,7 +97,7 @@ async def _concurrent(engine: AsyncOmni, prompts: list) -> list[list]:
 @pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
 def test_64_concurrent_callers_equal_sequential_runs(omni_dir, sequential, backend):
     async def main():
-        async with AsyncOmni(model=omni_dir, runtime={"backend": backend}) as engine:
+        async with AsyncOmni(model=omni_dir, runtime={"backend": backend}, **OMNI_ON_CPU) as engine:
             snapshots = await _concurrent(engine, _prompts())
             return snapshots, engine.stats()
 
@@ -118,7 +120,7 @@ def test_64_concurrent_callers_equal_sequential_runs(omni_dir, sequential, backe
 def test_two_threads_share_one_omni(omni_dir, sequential):
     prompts = _prompts()
     results: dict[int, list] = {}
-    with Omni(model=omni_dir, runtime={"backend": "local"}) as omni:
+    with Omni(model=omni_dir, **CPU) as omni:
 
         def call(k: int) -> None:
             results[k] = omni.generate(prompts[k * 8 : (k + 1) * 8], PARAMS, use_tqdm=False)
@@ -138,7 +140,7 @@ def test_cancel_and_early_exit_free_every_stage(omni_dir, sequential):
     prompts = _prompts(8)
 
     async def main():
-        async with AsyncOmni(model=omni_dir, runtime={"backend": "local"}) as engine:
+        async with AsyncOmni(model=omni_dir, **CPU) as engine:
 
             async def keep(i: int):
                 return [out async for out in engine.generate(prompts[i], PARAMS)][-1]
@@ -182,7 +184,7 @@ def test_cancel_and_early_exit_free_every_stage(omni_dir, sequential):
 
 def test_bad_requests_and_health(omni_dir):
     async def main():
-        engine = AsyncOmni(model=omni_dir, runtime={"backend": "local"})
+        engine = AsyncOmni(model=omni_dir, **CPU)
         try:
             await engine.check_health()
             with pytest.raises(ValueError, match="unknown key"):
@@ -215,7 +217,7 @@ def test_text_only_requests_and_voices(omni_dir, sequential):
     prompt = _prompts()[0]
 
     async def main():
-        async with AsyncOmni(model=omni_dir, runtime={"backend": "local"}) as engine:
+        async with AsyncOmni(model=omni_dir, **CPU) as engine:
             assert (engine.text_stage, engine.audio_stage) == ("thinker", "token2wav")
             assert engine.voices == ["Chelsie", "Ethan"]
             text_only = [

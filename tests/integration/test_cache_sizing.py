@@ -1,10 +1,11 @@
 """KV pool sizing from the memory budget, refusal of pools the machine cannot hold, and no output
-cache for a stage whose per-token outputs nobody asked for."""
+cache for a stage whose per-token outputs nobody asked for: on the CPU (host memory), also on a
+GPU machine; the GPU's messages are checked in tests/cuda."""
 
 from __future__ import annotations
 
 import pytest
-from helpers import make_engine
+from helpers import make_engine, on_cpu
 
 from omni import Omni, SamplingParams
 from omni.config import ConfigError
@@ -39,12 +40,12 @@ def test_num_blocks_from_the_memory_budget(qwen2_dir):
 
 def test_a_plain_lm_keeps_no_outputs_unless_asked(qwen2_dir):
     params = SamplingParams(max_tokens=3, ignore_eos=True)
-    with Omni(model=qwen2_dir, runtime={"backend": "local"}) as llm:
+    with Omni(model=qwen2_dir, runtime={"backend": "local"}, **on_cpu("llm")) as llm:
         (plain,) = llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)
         assert llm.config.stage("llm").engine.max_model_len == 4096  # the checkpoint's
         stats = llm.stats()["llm"]
     assert plain.final.tensors == {} and "output_cache_bytes" not in stats
-    asked = {"stages.llm.engine.outputs": ["hidden_states"]}
+    asked = {"stages.llm.engine.outputs": ["hidden_states"], **on_cpu("llm")}
     with Omni(model=qwen2_dir, runtime={"backend": "local"}, **asked) as llm:
         (out,) = llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)
     assert out.final.token_ids == plain.final.token_ids

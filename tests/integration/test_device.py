@@ -3,7 +3,9 @@ is refused naming the stage before any weights load, engines report device, dtyp
 the GPU KV sizing arithmetic on injected numbers, and the output cache's staged copy path
 (the one a GPU stage takes into pinned host memory) in its CPU form.
 
-The same paths on a real GPU are in tests/cuda/ (skipped without one)."""
+On a machine with a GPU these tests still run on the CPU: their stages are pinned there, and
+where a test is about a machine without one, torch is told it sees no GPU (`no_gpu`). The same
+paths on a real GPU are in tests/cuda/ (skipped without one)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,14 @@ import functools
 import numpy as np
 import pytest
 import torch
-from helpers import FakeGpu, make_engine, run_engine, shared_prefix_prompts, transformers_greedy
+from helpers import (
+    OMNI_ON_CPU,
+    FakeGpu,
+    make_engine,
+    run_engine,
+    shared_prefix_prompts,
+    transformers_greedy,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from omni import Omni
@@ -34,6 +43,12 @@ from stages.qwen2_5_omni.talker_inputs import TalkerRequestState
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 GiB = 1 << 30
 MiB = 1 << 20
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """This process as on a machine without a GPU: torch sees none (auto means the CPU)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
 def _stage(**engine: object):
@@ -64,7 +79,7 @@ def test_resolve_device_and_dtype(monkeypatch):
     assert resolve_dtype(_stage(dtype="float32"), gpu) == torch.float32
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+@pytest.mark.usefixtures("no_gpu")
 def test_cuda_stage_without_cuda_is_refused_before_loading(qwen2_dir, omni_dir, monkeypatch):
     def no_loading(name):
         raise AssertionError(f"adapter {name!r} loaded although the device is refused")
@@ -90,6 +105,7 @@ def test_cuda_stage_without_cuda_is_refused_before_loading(qwen2_dir, omni_dir, 
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("no_gpu")
 def test_explicit_cpu_gives_identical_tokens_and_reports_it(qwen2_dir):
     from transformers import AutoConfig
 
@@ -113,8 +129,7 @@ def test_explicit_cpu_gives_identical_tokens_and_reports_it(qwen2_dir):
 
 @pytest.mark.slow
 def test_omni_stats_show_device_and_dtype_per_stage(omni_dir):
-    overrides = {f"stages.{s}.engine.device": "cpu" for s in ("thinker", "talker", "token2wav")}
-    with Omni(model=omni_dir, runtime={"backend": "local"}, **overrides) as omni:
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU) as omni:
         stats = omni.stats()
     assert set(stats) == {"thinker", "talker", "token2wav"}
     for name, stage in stats.items():
@@ -129,6 +144,7 @@ def test_bfloat16_stages_run_on_the_cpu(omni_dir):
     """The GPU default dtype, here on the CPU: every adapter's dtype handling (upstream rows in
     another dtype, the talker's per-request state) runs end to end."""
     overrides = {f"stages.{s}.engine.dtype": "bfloat16" for s in ("thinker", "talker")}
+    overrides.update(OMNI_ON_CPU)
     params = [
         SamplingParams(max_tokens=4, ignore_eos=True),
         SamplingParams(max_tokens=12, ignore_eos=True),
@@ -279,7 +295,9 @@ def test_async_copy_path_writes_the_same_rows():
     for cache in caches.values():
         cache.allocate("hidden_states", (3,))
         cache.step = 1
-    assert caches[True]._copies is not None and not caches[True].pinned  # no CUDA: unpinned
+    # Pinned host memory where CUDA is there to copy from (unpinned without it).
+    assert caches[True]._copies is not None
+    assert caches[True].pinned == torch.cuda.is_available()
     for _ in range(20):
         num = int(rng.integers(1, 30))
         slots = torch.from_numpy(rng.choice(64, size=num, replace=False).astype(np.int64))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import OMNI_ON_CPU
 from PIL import Image
 
 from omni import Omni
@@ -80,7 +81,7 @@ def references(omni_dir):
 
 @pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
 def test_pipeline_equals_transformers(omni_dir, references, caching):
-    overrides = {"stages.talker.input_processor": "thinker_to_talker_unmasked"}
+    overrides = {"stages.talker.input_processor": "thinker_to_talker_unmasked", **OMNI_ON_CPU}
     for stage in ("thinker", "talker"):
         overrides[f"stages.{stage}.engine.enable_prefix_caching"] = caching
     prompts = {name: prompt for name, (prompt, _, _) in _cases().items()}

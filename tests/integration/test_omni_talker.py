@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import OMNI_ON_CPU
 
 from omni.config import load_config
 from omni.core.sampling_params import SamplingParams
@@ -60,7 +61,12 @@ def talker_engine(model_dir: str, caching: bool) -> StageEngine:
         "name": "talker",
         "model": model_dir,
         "adapter": "qwen2_5_omni_talker",
-        "engine": {"block_size": 4, "num_blocks": 64, "enable_prefix_caching": caching},
+        "engine": {
+            "block_size": 4,
+            "num_blocks": 64,
+            "enable_prefix_caching": caching,
+            "device": "cpu",  # as the reference
+        },
     }
     return StageEngine(load_config({"stages": [stage]}).stages[0])
 
@@ -111,7 +117,7 @@ def test_token2wav_equals_transformers(omni_dir, refs):
                     "model": omni_dir,
                     "kind": "generation",
                     "adapter": "qwen2_5_omni_token2wav",
-                    "engine": {"seed": 3},
+                    "engine": {"seed": 3, "device": "cpu"},
                 }
             ]
         }
@@ -146,7 +152,7 @@ def test_token2wav_equals_transformers(omni_dir, refs):
 def test_pipeline_equals_transformers_generate(omni_dir, refs):
     from omni import Omni
 
-    overrides = {"stages.talker.input_processor": "thinker_to_talker_unmasked"}
+    overrides = {"stages.talker.input_processor": "thinker_to_talker_unmasked", **OMNI_ON_CPU}
     params = [
         SamplingParams(max_tokens=THINKER_TOKENS, ignore_eos=True),
         SamplingParams(max_tokens=TALKER_TOKENS, stop_token_ids=CODEC_STOP),

@@ -53,7 +53,7 @@ def oracle(omni_dir):
 
 
 def _engine(omni_dir: str, **engine) -> StageEngine:
-    engine = {"block_size": 8, "num_blocks": 96, **engine}
+    engine = {"block_size": 8, "num_blocks": 96, "device": "cpu", **engine}  # as the oracle
     stage = {"name": "thinker", "model": omni_dir, "adapter": "qwen2_5_omni_thinker"}
     return StageEngine(
         all_outputs(load_config({"stages": [{**stage, "engine": engine}]}).stages[0])

@@ -53,7 +53,9 @@ def reference(qwen2_dir, llama_dir):
 def test_private_instance_equal_results_kill_and_clean_shutdown(qwen2_dir, llama_dir, reference):
     assert not ray.is_initialized(), "another test left Ray connected"
     ids, want = reference
-    config = two_stage_config(qwen2_dir, llama_dir, **{"runtime.request_timeout_s": 60})
+    # A private Ray of 2 CPUs whatever the machine has: stages a and b (1 CPU each) hold them all.
+    overrides = {"runtime.request_timeout_s": 60, "runtime.num_cpus": 2}
+    config = two_stage_config(qwen2_dir, llama_dir, **overrides)
     omni = Omni(config)
     try:
         session = omni.backend.session
@@ -63,6 +65,7 @@ def test_private_instance_equal_results_kill_and_clean_shutdown(qwen2_dir, llama
             assert_same(output.stages, want[i], f"ray vs direct, prompt {i}")
         assert omni.stats()["b"]["steps"] > 0
         assert omni.backend.placement["a"]["torch_threads"] == 1
+        assert omni.backend.session.available_resources().get("CPU", 0.0) == 0.0
 
         # Kill stage b while requests are in flight: they fail within seconds naming it, the
         # stage is replaced, and requests sent afterwards get the reference results again.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import OMNI_ON_CPU
 
 from omni import Omni
 from omni.core.sampling_params import SamplingParams
@@ -19,11 +20,11 @@ PARAMS = [
     SamplingParams(max_tokens=60, stop_token_ids=(8292, 8294)),
     SamplingParams(max_tokens=1, seed=3),
 ]
-CHUNKS = {"stages.token2wav.stream.chunk_size": 20}
+CHUNKS = {"stages.token2wav.stream.chunk_size": 20, **OMNI_ON_CPU}
 
 
 def test_streaming_on_ray_equals_the_whole_sequence_path(omni_dir):
-    with Omni(model=omni_dir, runtime={"backend": "local"}) as omni:
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU) as omni:
         (exact,) = omni.generate([PROMPT], PARAMS, use_tqdm=False)
     with Omni(model=omni_dir, runtime={"backend": "ray", "num_cpus": 2}, **CHUNKS) as omni:
 

@@ -7,6 +7,7 @@ References are computed in this process with `Omni(...).generate` on the same pr
 server builds (`omni.entrypoints.openai.prompts.chat_prompt`) and the same per-stage sampling
 (greedy, fixed lengths, a fixed vocoder seed), so text and waveforms compare exactly (the
 waveform within one int16 step: both sides round the same floats, computed in two processes).
+Servers and references run on the CPU, also on a machine with a GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import openai
 import pytest
 import torch
+from helpers import OMNI_ON_CPU, cli_sets, on_cpu
 from prometheus_client.parser import text_string_to_metric_families
 from server_support import (
     AUDIO,
@@ -69,9 +71,11 @@ def servers(dirs):
     local = ["--set", "runtime.backend=local"]
     omni = ServeProcess(
         ["--model", dirs["omni"], "--served-model-name", OMNI_NAME, "--api-key", KEY, *local]
-        + ["--allowed-local-media-path", dirs["media"]]
+        + ["--allowed-local-media-path", dirs["media"], *cli_sets(OMNI_ON_CPU)]
     ).start()
-    lm = ServeProcess(["--model", dirs["lm"], "--served-model-name", LM_NAME, *local]).start()
+    lm = ServeProcess(
+        ["--model", dirs["lm"], "--served-model-name", LM_NAME, *local, *cli_sets(on_cpu("llm"))]
+    ).start()
     try:
         omni.wait_ready()
         lm.wait_ready()
@@ -96,7 +100,7 @@ def reference(dirs):
     """Omni.generate in this process (one torch thread, as the servers)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    with Omni(model=dirs["omni"], runtime={"backend": "local"}) as omni:
+    with Omni(model=dirs["omni"], runtime={"backend": "local"}, **OMNI_ON_CPU) as omni:
         yield omni
     torch.set_num_threads(threads)
 
@@ -237,7 +241,7 @@ def test_completions_plain_lm(lm_client, dirs):
     full = lm_client.completions.create(**kwargs, extra_body=extra)
     stream = lm_client.completions.create(**kwargs, extra_body=extra, stream=True)
     joined = "".join(c.choices[0].text for c in stream if c.choices)
-    with Omni(model=dirs["lm"], runtime={"backend": "local"}) as lm:
+    with Omni(model=dirs["lm"], runtime={"backend": "local"}, **on_cpu("llm")) as lm:
         (ref,) = lm.generate(
             [prompt], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False
         )

@@ -21,6 +21,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from helpers import OMNI_ON_CPU, cli_sets
 from server_support import KEY, OMNI_NAME, SEED, THINKER, VOICE
 
 from omni import Omni
@@ -50,10 +51,10 @@ def running(omni_dir):
     """The server and, loaded while it starts, the in-process reference."""
     server = ServeProcess(
         ["--model", omni_dir, "--served-model-name", OMNI_NAME, "--api-key", KEY]
-        + ["--set", "runtime.backend=local"]
+        + ["--set", "runtime.backend=local", *cli_sets(OMNI_ON_CPU)]
     ).start()
     try:
-        with Omni(model=omni_dir, runtime={"backend": "local"}) as reference:
+        with Omni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU) as reference:
             server.wait_ready()
             client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
             yield client, reference

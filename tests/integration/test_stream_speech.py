@@ -15,6 +15,7 @@ import wave
 import numpy as np
 import pytest
 import torch
+from helpers import OMNI_ON_CPU, cli_sets
 
 from omni import Omni
 from omni.core.sampling_params import SamplingParams
@@ -33,6 +34,7 @@ SAMPLING = {
     "stages.talker.sampling.max_tokens": TALKER_CODES,
     "stages.talker.sampling.ignore_eos": True,
 }
+OVERRIDES = {**SAMPLING, **OMNI_ON_CPU}  # runs compared with each other: all on the CPU
 PARAMS = [
     SamplingParams(max_tokens=8, ignore_eos=True),
     SamplingParams(max_tokens=TALKER_CODES, ignore_eos=True, stop_token_ids=(8292, 8294)),
@@ -42,7 +44,7 @@ PARAMS = [
 
 @pytest.fixture(scope="module")
 def omni(omni_dir):
-    with Omni(model=omni_dir, runtime={"backend": "local"}, **SAMPLING) as llm:
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **OVERRIDES) as llm:
         yield llm
 
 
@@ -101,10 +103,9 @@ def test_run_stream_writes_the_wav_chunk_by_chunk(omni_dir, omni, tmp_path, caps
 
     monkeypatch.setattr(run_command._WavStream, "write", counting)
     path = tmp_path / "out" / "speech.wav"
-    overrides = [f"{key}={value}" for key, value in SAMPLING.items()]
     argv = ["run", "--model", omni_dir, "--prompt", PROMPT, "--raw", "--stream"]
     argv += ["--output-wav", str(path), "--set", "runtime.backend=local"]
-    assert main(argv + [arg for o in overrides for arg in ("--set", o)]) == 0
+    assert main(argv + cli_sets(OVERRIDES)) == 0
     summary = capsys.readouterr().out.rstrip("\n").split("\n")[-1]
 
     with wave.open(str(path)) as w:

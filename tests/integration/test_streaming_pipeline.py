@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from helpers import OMNI_ON_CPU
 
 from omni import Omni
 from omni.core.sampling_params import SamplingParams
@@ -76,6 +77,7 @@ def test_streaming_speech_matches_transformers(omni_dir, reference):
     overrides = {
         "stages.talker.input_processor": "thinker_to_talker_unmasked",
         "stages.token2wav.stream.chunk_size": 20,  # 60 codes: chunks of 10, 20, 20, 10
+        **OMNI_ON_CPU,
     }
     with Omni(model=omni_dir, runtime={"backend": "local"}, **overrides) as omni:
         spy = RowSpy(omni.backend.hosts["talker"].engine.model)
@@ -123,9 +125,13 @@ def test_streaming_under_preemption_keeps_the_codes(omni_dir):
     each one's input limit); the codes still equal the unstreamed run with a roomy pool."""
     prompts = [f"request number {i}: tell me something about the number {i}" for i in range(4)]
     params = [PARAMS[0], SamplingParams(max_tokens=60, stop_token_ids=(8292, 8294)), PARAMS[2]]
-    with Omni(model=omni_dir, runtime={"backend": "local"}) as omni:
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU) as omni:
         reference = omni.generate(prompts, params, use_tqdm=False)
-    tiny_pool = {"stages.talker.engine.num_blocks": 10, "stages.talker.engine.block_size": 16}
+    tiny_pool = {
+        "stages.talker.engine.num_blocks": 10,
+        "stages.talker.engine.block_size": 16,
+        **OMNI_ON_CPU,
+    }
     with Omni(model=omni_dir, runtime={"backend": "local"}, **tiny_pool) as omni:
         streamed = omni.generate(prompts, params, use_tqdm=False, stream_audio=True)
         assert omni.stats()["talker"]["preemptions"] > 0

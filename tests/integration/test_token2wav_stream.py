@@ -112,6 +112,28 @@ def test_noise_is_prefix_consistent():
         assert torch.equal(short, torch.randn([1, num_frames, 80])[0])
 
 
+def test_whole_decode_forks_the_rng_as_torch_2_11_takes_it(adapter, monkeypatch):
+    """torch 2.11's fork_rng takes only a device type string (None raises there; 2.13 takes it):
+    the whole decode names one, and leaves the process's generator as it was."""
+    real = torch.random.fork_rng
+    device_types = []
+
+    def fork_rng_2_11(*args, device_type="cuda", **kwargs):
+        device_types.append(device_type)
+        if not isinstance(device_type, str):
+            raise TypeError(f"torch 2.11: fork_rng(device_type={device_type!r})")
+        return real(*args, device_type=device_type, **kwargs)
+
+    monkeypatch.setattr(torch.random, "fork_rng", fork_rng_2_11)
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    codes = random_codes(12, seed=2)
+    wav = whole_decode(adapter, codes)
+    assert device_types and wav.shape == (12 * adapter.samples_per_code,)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(wav, whole_decode(adapter, codes))  # seeded: the same noise again
+
+
 @pytest.mark.parametrize("setting", list(BOUNDS), ids=str)
 def test_chunks_match_whole_decode(amplified, setting):
     codes = random_codes(NUM_CODES)

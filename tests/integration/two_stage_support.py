@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import torch
+from helpers import on_cpu
 
 from omni.config import OmniConfig, load_config
 from omni.engine import StageEngine
@@ -19,8 +20,10 @@ YAML = REPO / "omni" / "stage_configs" / "tiny_two_stage.yaml"
 
 
 def two_stage_config(a_dir: str, b_dir: str, **overrides: object) -> OmniConfig:
-    """tiny_two_stage.yaml with block size 4 (more prefix hits on short prompts), 6 tokens/stage."""
+    """tiny_two_stage.yaml with block size 4 (more prefix hits on short prompts), 6 tokens/stage,
+    both stages on the CPU (runs are compared with `direct_run` and with each other)."""
     base: dict[str, object] = {
+        **on_cpu("a", "b"),
         "runtime.log_level": "WARNING",
         "stages.a.engine.block_size": 4,
         "stages.b.engine.block_size": 4,

@@ -117,6 +117,10 @@ def test_padding_rows_write_scratch_only(qwen2_dir):
         assert k_pad[num_blocks:].abs().sum() > 0  # the padding rows did write their keys
 
 
+# As the interpreter tests of test_triton_paged_attention.py: measured on the GPU machine (torch
+# 2.11, triton 3.6), the interpreted launch fails there ("only 0-dimensional arrays can be
+# converted to Python scalars"); tests/cuda/test_cuda_graphs.py runs the compiled kernel.
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test; the GPU runs compiled")
 def test_triton_path_takes_the_static_metadata(qwen2_dir, monkeypatch):
     """With the Triton kernel forced on the CPU (interpreted), padded steps run on exactly the
     metadata a graph captures (static tile table, fixed-width tables): same tokens."""
