@@ -34,6 +34,11 @@ SMALL = {
     "runtime.request_timeout_s": 60,
     "stages.a.resources.num_cpus": 0.5,
     "stages.b.resources.num_cpus": 0.5,
+    # Placement is about GPUs: the stages' devices follow their reservations (auto), not the
+    # CPU that two_stage_config pins for equality tests. Ray's GPUs here are fake: auto is the
+    # CPU inside the actors all the same.
+    "stages.a.engine.device": "auto",
+    "stages.b.engine.device": "auto",
 }
 
 
@@ -118,7 +123,7 @@ class TestFakeGpus:
         for field, (overrides, message) in cases.items():
             started = time.monotonic()
             with pytest.raises(ConfigError, match=message) as caught:
-                Omni(two_stage_config(qwen2_dir, llama_dir, **SMALL, **overrides))
+                Omni(two_stage_config(qwen2_dir, llama_dir, **{**SMALL, **overrides}))
             assert field in str(caught.value)
             assert time.monotonic() - started < 30  # refused up front, no wait for resources
 
