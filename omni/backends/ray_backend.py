@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from omni.backends.ray_placement import check_free, placement_bundles, wait_placed
 from omni.backends.ray_session import RaySession, ray_error_cause
 from omni.backends.transport import pack_input, unpack_event, unpack_result
 from omni.config import ConfigError, OmniConfig, check_resources
@@ -38,10 +38,7 @@ logger = logging.getLogger(__name__)
 
 ACTOR_POLL_S = 1.0  # an actor's poll returns at least this often, even with nothing finished
 SHUTDOWN_WAIT_S = 5.0  # graceful actor shutdown before ray.kill
-FREE_WAIT_S = 5.0  # how long a new pipeline waits for resources a shut-down one is freeing
 MAX_CONCURRENCY = 4  # call threads per actor: poll + submit + abort/stats, beside the loop thread
-_EPS = 1e-6
-MIN_BUNDLE_CPU = 0.001  # a placement group bundle must not be empty: a stage asking for nothing
 
 
 class RayBackend:
@@ -71,9 +68,12 @@ class RayBackend:
             what = f"the Ray cluster has {num_gpus:g} GPUs ({len(nodes)} nodes)"
             self.config = config = plan_gpus(config, num_gpus=num_gpus, what=what)
             check_resources(config, nodes)
-            self._check_free()
+            check_free(config, self.session)
             if config.runtime.placement != "none":
-                self.pg = self._reserve(config.runtime.placement.upper())
+                strategy = config.runtime.placement.upper()
+                bundles = placement_bundles(config, list(self._bundle))
+                self.pg = placement_group(list(bundles.values()), strategy=strategy)
+                wait_placed(self.pg, strategy, bundles, self.session, self.timeout_s)
             for name in config.topological_order():
                 self.actors[name] = self._create(name)
             self.placement = self._wait_ready()
@@ -82,52 +82,6 @@ class RayBackend:
         except BaseException:
             self.shutdown()
             raise
-
-    def _check_free(self) -> None:
-        """Resources held by other actors (another pipeline not shut down) would leave ours
-        pending until the timeout: say so within FREE_WAIT_S. (A pipeline shut down just now may
-        still be handing its resources back: Ray frees a killed actor's asynchronously.)"""
-        totals: dict[str, float] = {}
-        for stage in self.config.stages:
-            for key, amount in stage.resources.as_ray_resources().items():
-                totals[key] = totals.get(key, 0.0) + amount
-        deadline = time.monotonic() + FREE_WAIT_S
-        while True:
-            free = self.session.available_resources()
-            short = [k for k, amount in totals.items() if free.get(k, 0.0) + _EPS < amount]
-            if not short or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        if short:
-            key = short[0]
-            raise ConfigError(
-                f"the stages request {key}={totals[key]:g} but only {free.get(key, 0.0):g} is "
-                "free on the Ray cluster: other actors hold the rest (an Omni that was not shut "
-                "down? call shutdown() or use it as a context manager)"
-            )
-
-    def _reserve(self, strategy: str) -> PlacementGroup:
-        """One placement group, a bundle per stage in topological order, ready; else ConfigError.
-
-        Soft PACK/SPREAD always fit when a placement fits at all, so a group that stays pending
-        means the bundles cannot be placed on the nodes' free resources (fragmented: each node
-        alone has too little)."""
-        bundles = []
-        for name in self._bundle:
-            wanted = self.config.stage(name).resources.as_ray_resources()  # no zero entries
-            bundles.append(wanted or {"CPU": MIN_BUNDLE_CPU})
-        pg = placement_group(bundles, strategy=strategy)
-        self.pg = pg  # shutdown() removes it, ready or not
-        if not pg.wait(timeout_seconds=max(1, round(self.timeout_s))):
-            shown = ", ".join(f"{n}: {b}" for n, b in zip(self._bundle, bundles, strict=True))
-            nodes = [_basic(n) for n in self.session.node_resources()]
-            raise ConfigError(
-                f"runtime.placement={strategy.lower()}: a {strategy} placement group with the "
-                f"bundles {{{shown}}} could not be placed within {self.timeout_s:g} s "
-                f"(runtime.request_timeout_s): no node has room for its share (nodes: {nodes}; "
-                f"free in all: {_basic(self.session.available_resources())})"
-            )
-        return pg
 
     def _create(self, name: str) -> Any:
         from omni.backends.ray_actor import StageActor
@@ -309,13 +263,3 @@ class RayBackend:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
         self.session.close()
-
-
-def _basic(resources: dict[str, float]) -> dict[str, float]:
-    """CPU, GPU and custom resources, without Ray's memory and node-id bookkeeping entries."""
-    hidden = ("memory", "object_store_memory")
-    return {
-        k: round(v, 3)
-        for k, v in resources.items()
-        if k not in hidden and not k.startswith(("node:", "bundle_group_")) and "_group_" not in k
-    }

@@ -15,6 +15,7 @@ What a CUDA stage needs besides its KV cache is measured in omni/engine/gpu_prof
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 
@@ -77,3 +78,24 @@ def cuda_memory_stats(device: torch.device) -> dict[str, int]:
         "memory_allocated_bytes": int(torch.cuda.memory_allocated(device)),
         "memory_reserved_bytes": int(torch.cuda.memory_reserved(device)),
     }
+
+
+def device_stats(
+    device: torch.device, dtype: torch.dtype, kv_bytes: int, output_cache: Any
+) -> dict[str, Any]:
+    """Where a stage runs and the memory it holds: on a GPU this process's torch allocations
+    there; on the CPU the bytes of its KV and output caches (output_cache: an OutputCache or
+    None)."""
+    out: dict[str, Any] = {
+        "device": str(device),
+        "dtype": dtype_name(dtype),
+        "kv_cache_bytes": kv_bytes,
+    }
+    if output_cache is not None:
+        out["output_cache_device"] = str(output_cache.device)
+    if device.type == "cuda":
+        out.update(cuda_memory_stats(device))
+    else:
+        cache = output_cache.num_bytes if output_cache is not None else 0
+        out["memory_allocated_bytes"] = kv_bytes + cache
+    return out

@@ -24,7 +24,7 @@ from omni.core.kv_cache_manager import KVCacheManager
 from omni.core.request import Request, RequestStatus
 from omni.core.scheduler import Scheduler, SchedulerConfig
 from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
-from omni.engine.device import cuda_memory_stats, dtype_name, resolve_device, resolve_dtype
+from omni.engine.device import device_stats, resolve_device, resolve_dtype
 from omni.engine.engine import run_until_done
 from omni.engine.gpu_profile import allocated_bytes
 from omni.engine.graph_plan import fuse_kernels, padded_decode
@@ -281,35 +281,7 @@ class StageEngine:
             "rows_recomputed": self.scheduler.num_hit_blocks_refused * self.block_size,
             "num_blocks": self.num_blocks,
             **(self.output_cache.stats() if self.output_cache is not None else {}),
-            **self._device_stats(),
+            **device_stats(self.device, self.dtype, self.runner.kv_cache_bytes, self.output_cache),
+            **self.runner.step_stats(),
+            "fused_modules": self.num_fused_modules,
         }
-
-    def _device_stats(self) -> dict[str, Any]:
-        """Where the stage runs and the memory it holds: on a GPU this process's torch
-        allocations there; on the CPU the bytes of its KV and output caches."""
-        kv_bytes = self.runner.kv_cache_bytes
-        out: dict[str, Any] = {
-            "device": str(self.device),
-            "dtype": dtype_name(self.dtype),
-            "kv_cache_bytes": kv_bytes,
-        }
-        if self.output_cache is not None:
-            out["output_cache_device"] = str(self.output_cache.device)
-        out["eager_steps"] = self.runner.num_eager_steps
-        out["fused_modules"] = self.num_fused_modules
-        graphs = self.runner.decode_graphs
-        if graphs is not None:
-            out.update(
-                cuda_graphs=graphs.num_graphs,
-                graph_steps=graphs.num_graph_steps,
-                padded_decode_steps=graphs.num_padded_steps,
-                padded_rows=graphs.num_padded_rows,
-                cuda_graph_capture_s=graphs.capture_s,
-                cuda_graph_bytes=graphs.capture_bytes,
-            )
-        if self.device.type == "cuda":
-            out.update(cuda_memory_stats(self.device))
-        else:
-            cache = self.output_cache.num_bytes if self.output_cache is not None else 0
-            out["memory_allocated_bytes"] = kv_bytes + cache
-        return out

@@ -258,6 +258,12 @@ class DecodeGraphs:
             host[QUERY_STARTS, :3] = (0, 1, num_tokens)
             self._host_tables_np[1, :num_blocks] = self.scratch_block + np.arange(num_blocks)
 
-    @property
-    def num_graphs(self) -> int:
-        return len(self._graphs)
+    def stats(self) -> dict[str, Any]:
+        return {
+            "cuda_graphs": len(self._graphs),
+            "graph_steps": self.num_graph_steps,
+            "padded_decode_steps": self.num_padded_steps,
+            "padded_rows": self.num_padded_rows,
+            "cuda_graph_capture_s": self.capture_s,
+            "cuda_graph_bytes": self.capture_bytes,
+        }

@@ -150,6 +150,14 @@ class ModelRunner:
         if request_ids:
             self.model.release(request_ids)  # adapters' per-request state
 
+    def step_stats(self) -> dict[str, Any]:
+        """Steps run eagerly, and what the padded (CUDA-graph) steps did."""
+        graphs = self.decode_graphs
+        return {
+            "eager_steps": self.num_eager_steps,
+            **(graphs.stats() if graphs is not None else {}),
+        }
+
     @torch.inference_mode()
     def capture_decode_graphs(self) -> None:
         """On a GPU: capture the padded decode steps (start-up only: capture synchronises the

@@ -32,82 +32,15 @@ Whatever leaves the cache (gather, rows) is a new CPU tensor: results travel as 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 import torch
 
+from omni.runtime.staged_copies import StagedCopies
+
 logger = logging.getLogger(__name__)
 
 CPU = torch.device("cpu")
-
-
-class _AsyncCopies:
-    """A host cache fed by a GPU: each write is one device-to-host copy per output into a fresh
-    pinned staging buffer, on a side CUDA stream ordered after the main stream's forward by an
-    event; the staged rows are scattered into the cache on the host once that copy has landed
-    (checked without waiting at the next write, waited for by `wait()`). Without a stream (a CPU
-    source, in tests) the same staging and scatter run with plain copies."""
-
-    def __init__(self, source_device: torch.device, pinned: bool) -> None:
-        self.stream: Any = None
-        if source_device.type == "cuda":
-            self.stream = torch.cuda.Stream(device=source_device)
-        self.source_device = source_device
-        self.pinned = pinned
-        # Staged writes, oldest first: (copy event or None, slots, [(flat cache, staged rows)]).
-        # Scattered in order, so a later write of a slot wins.
-        self._pending: list[tuple[Any, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = []
-
-    def copy_rows(self, slots: np.ndarray, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """For each (flat cache, rows) pair: rows[i] -> flat[slots[i]], once the copy landed."""
-        self._scatter(wait=False)
-        index = torch.from_numpy(slots.copy())  # kept past the call: the caller may reuse slots
-        staged = []
-        if self.stream is None:
-            for flat, rows in pairs:
-                staged.append((flat, rows.detach().to(flat.dtype, copy=True)))
-            self._pending.append((None, index, staged))
-            return
-        main = torch.cuda.current_stream(self.source_device)
-        forward_done = torch.cuda.Event()
-        forward_done.record(main)
-        self.stream.wait_event(forward_done)
-        with torch.cuda.stream(self.stream):
-            for flat, rows in pairs:
-                rows = rows.detach()
-                rows.record_stream(self.stream)  # made on main, read here: keep it till done
-                converted = rows.to(flat.dtype)  # on the side stream, allocated there
-                host = torch.empty(converted.shape, dtype=flat.dtype, pin_memory=self.pinned)
-                host.copy_(converted, non_blocking=True)
-                staged.append((flat, host))
-            done = torch.cuda.Event()
-            done.record(self.stream)
-        self._pending.append((done, index, staged))
-
-    def _scatter(self, wait: bool) -> None:
-        """Move staged rows into the cache, oldest first: all of them (waiting for the last
-        copy) or, without waiting, those whose copies have landed."""
-        while self._pending:
-            done, slots, staged = self._pending[0]
-            if done is not None:
-                if wait:
-                    done.synchronize()
-                elif not done.query():
-                    return
-            for flat, host in staged:
-                flat.index_copy_(0, slots, host)
-            self._pending.pop(0)
-
-    def wait_on_device(self) -> None:
-        """The source device's current stream waits (no host sync) until the last copy read its
-        rows: for sources that are overwritten in place (a CUDA graph's static outputs)."""
-        done = self._pending[-1][0] if self._pending else None
-        if done is not None:  # events complete in stream order: the last covers the others
-            torch.cuda.current_stream(self.source_device).wait_event(done)
-
-    def wait(self) -> None:
-        self._scatter(wait=True)
 
 
 class OutputCache:
@@ -140,7 +73,7 @@ class OutputCache:
             raise ValueError(f"async_copies writes a host cache, not one on {self.device}")
         # Page-locked, so that device-to-host copies run asynchronously (needs CUDA).
         self.pinned = async_copies and torch.cuda.is_available()
-        self._copies = _AsyncCopies(self.source_device, self.pinned) if async_copies else None
+        self._copies = StagedCopies(self.source_device, self.pinned) if async_copies else None
         self.caches: dict[str, torch.Tensor] = {}  # name -> (num_blocks, block_size, D)
         self._flat: dict[str, torch.Tensor] = {}  # name -> (num_blocks * block_size, D) view
         self.valid_version: dict[str, np.ndarray] = {}

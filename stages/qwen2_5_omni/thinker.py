@@ -16,13 +16,11 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from omni.core.request import MultiModalInput
 from omni.core.scheduler_output import ScheduledRequest
 from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
@@ -30,36 +28,7 @@ from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
 from stages.causal_lm import load_kwargs
 from stages.qwen2_5_omni.encoder_cache import EncoderCache
 from stages.qwen2_5_omni.encoder_profile import largest_items, max_image_pixels
-
-
-@dataclass
-class _Item:
-    """One multimodal range of a request and where its encoder inputs are in the extras."""
-
-    mm: MultiModalInput
-    modality: str  # "image" | "audio"
-    index: int  # position in the extras' per-modality lists
-
-
-@dataclass
-class _MropeState:
-    items: list[_Item]
-    positions: torch.Tensor  # [3, end of the last item]: positions of tokens up to there
-    delta: int  # beyond: position p -> p + delta on all three rows
-
-
-def _find_items(mm_inputs, extras: dict) -> list[_Item]:
-    """Match each range to its item's encoder inputs by identifier; ValueError if one is missing."""
-    where = {}
-    for modality, key in (("image", "image_identifiers"), ("audio", "audio_identifiers")):
-        for index, identifier in enumerate(extras.get(key, ())):
-            where.setdefault(identifier, (modality, index))
-    items = []
-    for mm in sorted(mm_inputs, key=lambda m: m.offset):
-        if mm.identifier not in where:
-            raise ValueError(f"multimodal input {mm.identifier!r} has no encoder inputs in extras")
-        items.append(_Item(mm, *where[mm.identifier]))
-    return items
+from stages.qwen2_5_omni.mrope import Item, MropeState, find_items, mrope_positions
 
 
 class OmniThinkerAdapter(StageModelBase):
@@ -115,7 +84,7 @@ class OmniThinkerAdapter(StageModelBase):
         self.reserved_bytes = encoder_cache_bytes
         self.max_image_pixels = max_image_pixels(model_dir)  # what the processor resizes to
         self.encoder_runs: Counter[str] = Counter()  # "image"/"audio" -> tower calls
-        self._mrope: dict[str, _MropeState] = {}
+        self._mrope: dict[str, MropeState] = {}
 
     # ---- the adapter contract -------------------------------------------------------------------
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
@@ -192,7 +161,7 @@ class OmniThinkerAdapter(StageModelBase):
     def check_inputs(self, stage_input) -> None:
         """Called by the engine on add_request: every range has matching encoder inputs."""
         extras = stage_input.extras or {}
-        for item in _find_items(stage_input.mm_inputs, extras):
+        for item in find_items(stage_input.mm_inputs, extras):
             expected = self._num_tokens(item, extras)
             if expected != item.mm.length:
                 raise ValueError(
@@ -201,63 +170,35 @@ class OmniThinkerAdapter(StageModelBase):
                 )
 
     # ---- multimodal -----------------------------------------------------------------------------
-    def _state(self, entry, extras: dict) -> _MropeState | None:
+    def _state(self, entry, extras: dict) -> MropeState | None:
         """Per-request mrope table, built when the request is (re)admitted with its ranges."""
         if entry.is_new:
             self._mrope.pop(entry.request_id, None)
             if entry.mm_inputs:
-                items = _find_items(entry.mm_inputs, extras)
+                items = find_items(entry.mm_inputs, extras)
                 positions, delta = self.mrope_positions(items, extras)  # built on the host
                 positions = positions.to(self.device)
-                self._mrope[entry.request_id] = _MropeState(items, positions, delta)
+                self._mrope[entry.request_id] = MropeState(items, positions, delta)
         return self._mrope.get(entry.request_id)
 
     @staticmethod
-    def _positions(state: _MropeState, first: int, last: int) -> torch.Tensor:
+    def _positions(state: MropeState, first: int, last: int) -> torch.Tensor:
         start = min(max(first, state.positions.shape[1]), last)  # first position past the table
         tail = torch.arange(start, last, device=state.positions.device)
         tail = tail.add_(state.delta).expand(3, -1)
         return torch.cat([state.positions[:, first:last], tail], dim=1)
 
-    def mrope_positions(self, items: list[_Item], extras: dict) -> tuple[torch.Tensor, int]:
-        """3-row positions of the prompt up to the end of its last item, and the delta after it.
+    def mrope_positions(self, items: list[Item], extras: dict) -> tuple[torch.Tensor, int]:
+        """The prompt's 3-row positions up to its last item's end, and the delta after it."""
+        return mrope_positions(items, extras, self.merge_size, self.position_id_per_seconds)
 
-        The same numbers as transformers' ``get_rope_index`` for bos/eos-framed items (checked by
-        tests/integration/test_omni_thinker.py), computed from the ranges alone: text advances all
-        rows by one; an image's tokens sit at start + (t * position_id_per_seconds, row, column)
-        of its merged grid; audio advances by one per token; the next token starts after the max.
-        """
-        segments, cursor, next_pos = [], 0, 0
-        for item in items:
-            gap = item.mm.offset - cursor
-            segments.append(torch.arange(next_pos, next_pos + gap).expand(3, -1))
-            next_pos += gap
-            if item.modality == "image":
-                t, h, w = (int(x) for x in extras["image_grid_thw"][item.index])
-                h, w = h // self.merge_size, w // self.merge_size
-                grid = torch.stack(
-                    torch.meshgrid(
-                        torch.arange(t) * self.position_id_per_seconds,
-                        torch.arange(h),
-                        torch.arange(w),
-                        indexing="ij",
-                    )
-                ).reshape(3, -1)
-                segment = grid + next_pos
-            else:
-                segment = torch.arange(next_pos, next_pos + item.mm.length).expand(3, -1)
-            segments.append(segment)
-            next_pos = int(segment.max()) + 1
-            cursor = item.mm.offset + item.mm.length
-        return torch.cat(segments, dim=1).long(), next_pos - cursor
-
-    def _num_tokens(self, item: _Item, extras: dict) -> int:
+    def _num_tokens(self, item: Item, extras: dict) -> int:
         if item.modality == "image":
             return int(np.prod(extras["image_grid_thw"][item.index])) // self.merge_size**2
         frames = int(np.sum(extras["feature_attention_mask"][item.index]))
         return ((frames - 1) // 2 + 1 - 2) // 2 + 1
 
-    def _encode(self, item: _Item, extras: dict) -> torch.Tensor:
+    def _encode(self, item: Item, extras: dict) -> torch.Tensor:
         """The item's encoder output [length, hidden]: from the cache, or one tower run."""
         identifier = item.mm.identifier
         cached = self.encoder_cache.get(identifier)

@@ -212,7 +212,7 @@ def test_partial_image_hit_uses_encoder_cache(omni_dir, proc, oracle):
 
 
 def test_mrope_positions_equal_get_rope_index(omni_dir, proc, oracle):
-    from stages.qwen2_5_omni.thinker import _find_items
+    from stages.qwen2_5_omni.mrope import find_items
 
     model, _ = oracle
     engine = _engine(omni_dir)
@@ -223,7 +223,7 @@ def test_mrope_positions_equal_get_rope_index(omni_dir, proc, oracle):
         "audio": [_audio()],
     }
     p = proc("r", prompt)
-    items = _find_items(p.mm_inputs, p.extras)
+    items = find_items(p.mm_inputs, p.extras)
     positions, delta = engine.model.mrope_positions(items, p.extras)
     ids = torch.tensor([p.prompt_token_ids])
     ref, ref_delta = model.thinker.get_rope_index(

@@ -1,0 +1,74 @@
+"""Where the thinker's multimodal ranges are and their 3-row (mrope) positions, on the host."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from omni.core.request import MultiModalInput
+
+
+@dataclass
+class Item:
+    """One multimodal range of a request and where its encoder inputs are in the extras."""
+
+    mm: MultiModalInput
+    modality: str  # "image" | "audio"
+    index: int  # position in the extras' per-modality lists
+
+
+@dataclass
+class MropeState:
+    items: list[Item]
+    positions: torch.Tensor  # [3, end of the last item]: positions of tokens up to there
+    delta: int  # beyond: position p -> p + delta on all three rows
+
+
+def find_items(mm_inputs, extras: dict) -> list[Item]:
+    """Match each range to its item's encoder inputs by identifier; ValueError if one is missing."""
+    where = {}
+    for modality, key in (("image", "image_identifiers"), ("audio", "audio_identifiers")):
+        for index, identifier in enumerate(extras.get(key, ())):
+            where.setdefault(identifier, (modality, index))
+    items = []
+    for mm in sorted(mm_inputs, key=lambda m: m.offset):
+        if mm.identifier not in where:
+            raise ValueError(f"multimodal input {mm.identifier!r} has no encoder inputs in extras")
+        items.append(Item(mm, *where[mm.identifier]))
+    return items
+
+
+def mrope_positions(
+    items: list[Item], extras: dict, merge_size: int, position_id_per_seconds: float
+) -> tuple[torch.Tensor, int]:
+    """3-row positions of the prompt up to the end of its last item, and the delta after it.
+
+    The same numbers as transformers' ``get_rope_index`` for bos/eos-framed items (checked by
+    tests/integration/test_omni_thinker.py), computed from the ranges alone: text advances all
+    rows by one; an image's tokens sit at start + (t * position_id_per_seconds, row, column)
+    of its merged grid; audio advances by one per token; the next token starts after the max.
+    """
+    segments, cursor, next_pos = [], 0, 0
+    for item in items:
+        gap = item.mm.offset - cursor
+        segments.append(torch.arange(next_pos, next_pos + gap).expand(3, -1))
+        next_pos += gap
+        if item.modality == "image":
+            t, h, w = (int(x) for x in extras["image_grid_thw"][item.index])
+            h, w = h // merge_size, w // merge_size
+            grid = torch.stack(
+                torch.meshgrid(
+                    torch.arange(t) * position_id_per_seconds,
+                    torch.arange(h),
+                    torch.arange(w),
+                    indexing="ij",
+                )
+            ).reshape(3, -1)
+            segment = grid + next_pos
+        else:
+            segment = torch.arange(next_pos, next_pos + item.mm.length).expand(3, -1)
+        segments.append(segment)
+        next_pos = int(segment.max()) + 1
+        cursor = item.mm.offset + item.mm.length
+    return torch.cat(segments, dim=1).long(), next_pos - cursor
