@@ -71,7 +71,11 @@ class CausalLMAdapter(StageModelBase):
         return self.decode_forward(inputs.input_ids, inputs.positions.unsqueeze(0), inputs.attn)
 
     def decode_forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        embeds: torch.Tensor | None = None,
     ) -> ModelOutputs:
         out = self.model.model(
             input_ids=input_ids.unsqueeze(0),

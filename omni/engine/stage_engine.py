@@ -117,7 +117,8 @@ class StageEngine:
             max_model_len=self.max_model_len,
         )
         self.runner.warm_up()  # outputs it discovers belong to step 0, before any request
-        self.runner.capture_decode_graphs()  # after warm-up: the graphs return every output
+        # After warm-up, so that the graphs return every output.
+        self.runner.capture_decode_graphs(required=engine.cuda_graphs is True)
         self.num_steps = 0
         if self.output_cache is not None:
             self.output_cache.step = 1  # the number of the step about to run

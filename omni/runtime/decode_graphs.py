@@ -19,7 +19,7 @@ Invariants:
   attend only to scratch keys (finite: zeros or other padding keys). Their outputs are dropped:
   only the real rows reach the output cache, the logits and the sampler.
 - Nothing inside a captured body reads host values that change between replays: positions
-  (mrope deltas included) come from the host (the adapter's `decode_positions`), the decode
+  (mrope deltas included) come from the host (the adapter's `decode_prepare`), the decode
   tile table is a static arange, a suffix's is computed on the device from its query starts.
 - The host staging buffers are reused every step: safe because each step ends with the
   sampler's device-to-host copy, after which the previous upload has landed.
@@ -109,6 +109,10 @@ class DecodeGraphs:
         self._dev_tables = self._host_tables.to(device) if on_gpu else self._host_tables
         self._host_np = self._host.numpy()
         self._host_tables_np = self._host_tables.numpy()
+        self._embeds: torch.Tensor | None = None  # per-row float inputs (the talker's text rows)
+        if model.decode_embed_dim:
+            shape = (width, model.decode_embed_dim)
+            self._embeds = torch.zeros(shape, dtype=kv_caches[0][0].dtype, device=device)
         self._arange = torch.arange(width, device=device)  # a decode step's query starts
         self._tile_starts = torch.arange(width, dtype=torch.int32, device=device)
         self._graphs: dict[Shape, Any] = {}  # shape -> torch.cuda.CUDAGraph
@@ -139,15 +143,15 @@ class DecodeGraphs:
         self, scheduled: list[ScheduledRequest], block_tables: list[list[int]], shape: Shape
     ) -> GraphStep | None:
         """Run the padded step at shape_for(scheduled); None when the adapter wants it eager
-        (its decode_positions said so)."""
+        (its decode_prepare said so)."""
         decode = shape[0] == shape[1]
         if decode:
             positions = np.fromiter((e.num_computed_tokens for e in scheduled), np.int64)
         else:
             entry = scheduled[0]
             positions = entry.num_computed_tokens + np.arange(len(entry.token_ids))
-        position_rows = self.model.decode_positions(scheduled, positions)
-        if position_rows is None:
+        prepared = self.model.decode_prepare(scheduled, positions)
+        if prepared is None:
             return None
         n = positions.size  # real rows
         host, tables, bs = self._host_np, self._host_tables_np, self.block_size
@@ -158,7 +162,10 @@ class DecodeGraphs:
         host[IDS, :n] = [t for e in scheduled for t in e.token_ids]
         rows = np.arange(n) if decode else np.zeros(n, dtype=np.int64)
         host[SLOTS, :n] = tables[rows, positions // bs] * bs + positions % bs
-        host[POSITIONS:, :n] = position_rows
+        host[POSITIONS:, :n] = prepared.positions
+        if self._embeds is not None and prepared.embeds is not None:
+            self._embeds[:n].copy_(prepared.embeds)
+            self._embeds[n : shape[1]].zero_()
         num_padding = shape[1] - n
         host[SLOTS, n : shape[1]] = self.scratch_slot + np.arange(num_padding)
         if decode:  # padding rows: token 0 at position 0, one key each
@@ -208,7 +215,10 @@ class DecodeGraphs:
             attn = AttentionMetadata(**fields, decode_tile_starts=tile_starts)
         else:
             attn = AttentionMetadata.build(**fields, block_size=self.block_size)
-        return self.model.decode_forward(dev[IDS, :num_tokens], dev[POSITIONS:, :num_tokens], attn)
+        embeds = self._embeds[:num_tokens] if self._embeds is not None else None
+        return self.model.decode_forward(
+            dev[IDS, :num_tokens], dev[POSITIONS:, :num_tokens], attn, embeds
+        )
 
     # ---- start-up -------------------------------------------------------------------------------
     @torch.inference_mode()

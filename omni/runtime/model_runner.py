@@ -15,6 +15,7 @@ uses to its device.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,8 @@ from omni.runtime.decode_graphs import DecodeGraphs, GraphStep, num_scratch_bloc
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.sampler import Sampler
 from omni.runtime.stage_model import ModelInputs, StageModel
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -159,11 +162,19 @@ class ModelRunner:
         }
 
     @torch.inference_mode()
-    def capture_decode_graphs(self) -> None:
-        """On a GPU: capture the padded decode steps (start-up only: capture synchronises the
-        device and must not interleave with serving)."""
-        if self.decode_graphs is not None and self.device.type == "cuda":
+    def capture_decode_graphs(self, *, required: bool = False) -> None:
+        """On a GPU: capture the padded steps (start-up only: capture synchronises the device
+        and must not interleave with serving). A capture that fails leaves every step eager,
+        with a warning, unless required (then it raises)."""
+        if self.decode_graphs is None or self.device.type != "cuda":
+            return
+        try:
             self.decode_graphs.capture()
+        except Exception as e:
+            if required:
+                raise RuntimeError(f"CUDA-graph capture failed: {e}") from e
+            logger.warning("CUDA-graph capture failed, decode steps stay eager: %s", e)
+            self.decode_graphs = None
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:

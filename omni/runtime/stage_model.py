@@ -56,31 +56,46 @@ class ModelOutputs:
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # other outputs of the forward
 
 
+@dataclass
+class DecodeInputs:
+    """What a padded (CUDA-graph) step feeds besides token ids, for its n real rows."""
+
+    positions: np.ndarray  # [decode_position_rows, n] int64, on the host
+    embeds: torch.Tensor | None = None  # [n, decode_embed_dim] on the device (adapter-built rows)
+
+
 class StageModelBase:
     """Base class of every stage adapter: no-op defaults for the hooks an adapter may override."""
 
     decode_position_rows = 1
     """Rows of the positions decode_forward takes: 1, or 3 for mrope models."""
+    decode_embed_dim = 0
+    """Width of the per-row inputs decode_forward takes besides ids (0: none)."""
 
     def decode_graph_blocker(self) -> str | None:
         """Why this model's decode steps cannot be padded and captured as CUDA graphs (None: they
-        can, through decode_positions and decode_forward). Default: no capturable body."""
+        can, through decode_prepare and decode_forward). Default: no capturable body."""
         return f"adapter {type(self).__name__} has no decode_forward"
 
-    def decode_positions(
+    def decode_prepare(
         self, scheduled: list[ScheduledRequest], positions: np.ndarray
-    ) -> np.ndarray | None:
-        """The [decode_position_rows, n] positions of a padded step's n fed tokens (a decode
+    ) -> DecodeInputs | None:
+        """Eagerly, before a padded step's body runs: its n fed tokens' inputs (a decode
         batch's, or one request's suffix; any entry may be is_new) from their absolute positions,
-        on the host; None runs this step eagerly instead."""
-        return positions[None]
+        with any per-request bookkeeping the step needs; None runs this step eagerly instead."""
+        return DecodeInputs(positions[None])
 
     def decode_forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        embeds: torch.Tensor | None = None,
     ) -> ModelOutputs:
-        """The capturable body of a decode step: ids [B], positions [rows, B] on the device, one
-        token per sequence. Tensor operations only (no host reads, no per-request Python state):
-        a CUDA graph replays it with other values in the same buffers."""
+        """The capturable body of a padded step: ids [T], positions [rows, T] and embeds
+        [T, decode_embed_dim] (None when that is 0) on the device. Tensor operations only (no
+        host reads, no per-request Python state): a CUDA graph replays it with other values in
+        the same buffers."""
         raise NotImplementedError(self.decode_graph_blocker())
 
     def check_inputs(self, stage_input: StageInput) -> None:
@@ -140,15 +155,20 @@ class StageModel(Protocol):
     def extend_inputs(self, request_id: str, delta: InputDelta) -> int | None: ...
 
     decode_position_rows: int
+    decode_embed_dim: int
 
     def decode_graph_blocker(self) -> str | None: ...
 
-    def decode_positions(
+    def decode_prepare(
         self, scheduled: list[ScheduledRequest], positions: np.ndarray
-    ) -> np.ndarray | None: ...
+    ) -> DecodeInputs | None: ...
 
     def decode_forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        embeds: torch.Tensor | None = None,
     ) -> ModelOutputs: ...
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
 import torch
 from transformers import Qwen2_5OmniConfig
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
@@ -31,14 +32,14 @@ from transformers.utils import logging as hf_logging
 from omni.core.scheduler_output import ScheduledRequest
 from omni.messages import InputDelta, StageInput
 from omni.registry import register_adapter
-from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
+from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
 from omni.runtime.host_upload import upload
 from omni.runtime.row_arena import RowArena
-from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
+from omni.runtime.stage_model import DecodeInputs, ModelInputs, ModelOutputs, StageModelBase
 from stages.qwen2_5_omni.part_loader import load_part, load_rows, load_speakers
 from stages.qwen2_5_omni.talker_inputs import TalkerRequestState, build_state, check_extras
 from stages.qwen2_5_omni.talker_penalty import SeenCodes
-from stages.qwen2_5_omni.talker_step import plan_step
+from stages.qwen2_5_omni.talker_step import TalkerStep, plan_step
 
 
 def speaker_key(name: str) -> int:
@@ -142,6 +143,14 @@ class OmniTalkerAdapter(StageModelBase):
         # Every state first: adding one to the arena may move the others' rows.
         states = [self._state(e, extras.get(e.request_id, {})) for e in inputs.scheduled]
         step = plan_step(inputs.scheduled, states, self._text.start, self._seen.slot)
+        text, codec_ids, no_codec, positions = self._take_step(step)
+        codec = self.talker.get_input_embeddings()(codec_ids)
+        embeds = text + codec.masked_fill(no_codec.unsqueeze(1), 0.0)
+        return self._body(embeds, positions, inputs.attn)
+
+    def _take_step(self, step: TalkerStep) -> tuple[torch.Tensor, ...]:
+        """Upload the planned step, mark its codes seen and keep its sampled rows for
+        compute_logits; returns (text rows, codec ids, no-codec flags, positions) on the device."""
         (text_index, codec_ids, no_codec, positions, mark_slots, mark_ids, sample_slots, groups) = (
             upload(step.arrays(), self.device)
         )
@@ -149,16 +158,57 @@ class OmniTalkerAdapter(StageModelBase):
             self._seen.mark(mark_slots, mark_ids)
         self._sample_ids = step.sample_ids
         self._penalty = (sample_slots, groups, step.penalties) if step.penalties else None
-        text = self._text.rows.index_select(0, text_index)
-        codec = self.talker.get_input_embeddings()(codec_ids)
-        embeds = text + codec.masked_fill(no_codec.unsqueeze(1), 0.0)
+        return self._text.rows.index_select(0, text_index), codec_ids, no_codec, positions
+
+    def _body(
+        self, embeds: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+    ) -> ModelOutputs:
         out = self.talker.model(
             inputs_embeds=self.talker.thinker_to_talker_proj(embeds).unsqueeze(0),
             position_ids=positions.unsqueeze(1),
             use_cache=False,
-            omni_attn=inputs.attn,
+            omni_attn=attn,
         )
         return ModelOutputs(hidden_states=out.last_hidden_state[0])
+
+    # ---- padded (CUDA-graph) decode steps -------------------------------------------------
+    decode_position_rows = 3  # mrope
+
+    @property
+    def decode_embed_dim(self) -> int:  # type: ignore[override]
+        return self._text.rows.shape[1]  # the text rows gathered before the body
+
+    def decode_graph_blocker(self) -> str | None:
+        return None
+
+    def decode_prepare(
+        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+    ) -> DecodeInputs | None:
+        """Decode tokens of running requests whose prompt codes are marked: the same plan as
+        forward's, its text rows gathered here (the arena may move between steps, so the body
+        reads them from the graph's buffer). Anything else runs eagerly."""
+        states = [self._states.get(e.request_id) for e in scheduled]
+        for entry, state in zip(scheduled, states, strict=True):
+            if entry.is_new or len(entry.token_ids) != 1 or state is None:
+                return None
+            if not state.prompt_codes_marked or entry.num_computed_tokens < state.prompt_len:
+                return None
+        step = plan_step(scheduled, states, self._text.start, self._seen.slot)
+        text, _, _, _ = self._take_step(step)
+        return DecodeInputs(np.concatenate(step.positions, axis=1), text)
+
+    def decode_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        embeds: torch.Tensor | None = None,
+    ) -> ModelOutputs:
+        """embeds: the text rows; a decode token always adds its codec id's embedding."""
+        if embeds is None:
+            raise ValueError("the talker's decode body needs its text rows (embeds)")
+        codec = self.talker.get_input_embeddings()(input_ids)
+        return self._body(embeds + codec, positions, attn)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.talker.codec_head(hidden_states).float()

@@ -24,7 +24,7 @@ from transformers.utils import logging as hf_logging
 from omni.core.scheduler_output import ScheduledRequest
 from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
-from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
+from omni.runtime.stage_model import DecodeInputs, ModelInputs, ModelOutputs, StageModelBase
 from stages.causal_lm import load_kwargs
 from stages.qwen2_5_omni.encoder_cache import EncoderCache
 from stages.qwen2_5_omni.encoder_profile import largest_items, max_image_pixels
@@ -121,9 +121,9 @@ class OmniThinkerAdapter(StageModelBase):
     def decode_graph_blocker(self) -> str | None:
         return None
 
-    def decode_positions(
+    def decode_prepare(
         self, scheduled: list[ScheduledRequest], positions: np.ndarray
-    ) -> np.ndarray | None:
+    ) -> DecodeInputs | None:
         """Decode tokens of running requests only: text positions on every row, shifted by each
         multimodal request's delta. Prompt chunks and (re)admitted requests run eagerly: their
         forward merges encoder outputs and builds the mrope table."""
@@ -137,10 +137,14 @@ class OmniThinkerAdapter(StageModelBase):
             if positions[i] < state.positions.shape[1]:
                 return None
             rows[:, i] += state.delta
-        return rows
+        return DecodeInputs(rows)
 
     def decode_forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        embeds: torch.Tensor | None = None,
     ) -> ModelOutputs:
         embeds = self.text_model.embed_tokens(input_ids)
         out = self.text_model(

@@ -56,7 +56,7 @@ def refs(omni_dir) -> dict[str, OmniReference]:
     return {"unmasked": unmasked, "masked": masked}
 
 
-def talker_engine(model_dir: str, caching: bool) -> StageEngine:
+def talker_engine(model_dir: str, caching: bool, **engine: object) -> StageEngine:
     stage = {
         "name": "talker",
         "model": model_dir,
@@ -66,6 +66,7 @@ def talker_engine(model_dir: str, caching: bool) -> StageEngine:
             "num_blocks": 64,
             "enable_prefix_caching": caching,
             "device": "cpu",  # as the reference
+            **engine,
         },
     }
     return StageEngine(load_config({"stages": [stage]}).stages[0])
@@ -78,9 +79,15 @@ def talker_input(ref: OmniReference, mode: str, rid: str) -> StageInput:
     return dataclasses.replace(stage_input, sampling_params=params)
 
 
-@pytest.mark.parametrize("caching", [True, False])
-def test_talker_codes_equal_transformers(omni_dir, refs, caching):
-    engine = talker_engine(omni_dir, caching)
+@pytest.mark.parametrize(
+    ("caching", "engine_kwargs"),
+    [(True, {}), (False, {}), (True, {"cuda_graphs": True, "max_num_seqs": 3})],
+    ids=["caching", "no-caching", "padded-decode"],
+)
+def test_talker_codes_equal_transformers(omni_dir, refs, caching, engine_kwargs):
+    """padded-decode: decode steps padded to the CUDA-graph ladder (1, 2, 3), run eagerly here,
+    with the text rows gathered before the body as on a GPU."""
+    engine = talker_engine(omni_dir, caching, **engine_kwargs)
     # Each mode twice: with caching on, the repeat is served from the prefix cache.
     for round_ in range(2):
         for mode, ref in refs.items():
@@ -95,6 +102,8 @@ def test_talker_codes_equal_transformers(omni_dir, refs, caching):
                 assert result.num_cached_tokens > 0
             if not caching:
                 assert result.num_cached_tokens == 0
+    if engine_kwargs:
+        assert engine.stats()["padded_decode_steps"] > 0
 
 
 def test_talker_rejects_bad_extras(omni_dir, refs):

@@ -73,12 +73,17 @@ def _snr_db(signal: torch.Tensor, approx: torch.Tensor) -> float:
     return math.inf if noise == 0 else 10 * math.log10(signal.pow(2).sum().item() / noise)
 
 
-def test_streaming_speech_matches_transformers(omni_dir, reference):
+@pytest.mark.parametrize("padded", [False, True], ids=["eager", "padded-decode"])
+def test_streaming_speech_matches_transformers(omni_dir, reference, padded):
+    """padded-decode: the thinker's and the talker's decode steps take the CUDA-graph path
+    (run eagerly here), the talker's while its thinker rows still stream in."""
     overrides = {
         "stages.talker.input_processor": "thinker_to_talker_unmasked",
         "stages.token2wav.stream.chunk_size": 20,  # 60 codes: chunks of 10, 20, 20, 10
         **OMNI_ON_CPU,
     }
+    if padded:
+        overrides |= {f"stages.{s}.engine.cuda_graphs": True for s in ("thinker", "talker")}
     with Omni(model=omni_dir, runtime={"backend": "local"}, **overrides) as omni:
         spy = RowSpy(omni.backend.hosts["talker"].engine.model)
 
@@ -88,6 +93,9 @@ def test_streaming_speech_matches_transformers(omni_dir, reference):
         rounds = [omni._call(stream()) for _ in range(2)]
         rows = {k: torch.cat(v) for k, v in spy.rows.items()}
         exact = omni.generate([{"prompt": TEXT}], PARAMS, use_tqdm=False)[0]
+        stats = omni.stats()
+    for stage in ("thinker", "talker"):
+        assert (stats[stage].get("padded_decode_steps", 0) > 0) == padded, stage
     for round_, snapshots in enumerate(rounds):
         out = snapshots[-1]
         assert out.finished and out.error is None, out.error
