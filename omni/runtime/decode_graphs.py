@@ -60,6 +60,11 @@ def suffix_ladder(max_suffix_tokens: int) -> list[int]:
     return [t for t in SUFFIX_SIZES if t <= max_suffix_tokens]
 
 
+def max_suffix_tokens(model: StageModel, max_num_batched_tokens: int, max_model_len: int) -> int:
+    """The longest suffix a step may pad (0: the model takes decode batches only)."""
+    return min(max_num_batched_tokens, max_model_len) if model.decode_suffixes else 0
+
+
 def num_scratch_blocks(max_num_seqs: int, max_suffix_tokens: int, block_size: int) -> int:
     """KV blocks past the pool that hold the padding tokens' keys (one slot per padding row)."""
     return -(-max(max_num_seqs, *suffix_ladder(max_suffix_tokens), 1) // block_size)
@@ -93,7 +98,9 @@ class DecodeGraphs:
         self.block_size = block_size
         self.device = device
         self.batch_sizes = batch_ladder(max_num_seqs)
-        self.suffix_sizes = suffix_ladder(min(max_num_batched_tokens, max_model_len))
+        self.suffix_sizes = suffix_ladder(
+            max_suffix_tokens(model, max_num_batched_tokens, max_model_len)
+        )
         self.shapes: list[Shape] = [(b, b) for b in self.batch_sizes]
         self.shapes += [(2, t) for t in self.suffix_sizes]
         self.scratch_slot = num_blocks * block_size  # padding row i writes slot scratch + i

@@ -26,7 +26,12 @@ import torch
 from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
 from omni.runtime.attention import AttentionMetadata, allocate_kv_caches
-from omni.runtime.decode_graphs import DecodeGraphs, GraphStep, num_scratch_blocks
+from omni.runtime.decode_graphs import (
+    DecodeGraphs,
+    GraphStep,
+    max_suffix_tokens,
+    num_scratch_blocks,
+)
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.sampler import Sampler
 from omni.runtime.stage_model import ModelInputs, StageModel
@@ -72,7 +77,7 @@ class ModelRunner:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         scratch = 0
         if padded_decode:
-            max_suffix = min(max_num_batched_tokens, max_model_len)
+            max_suffix = max_suffix_tokens(model, max_num_batched_tokens, max_model_len)
             scratch = num_scratch_blocks(max_num_seqs, max_suffix, block_size)
         self.kv_caches = allocate_kv_caches(
             model.num_layers,

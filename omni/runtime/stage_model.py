@@ -71,6 +71,8 @@ class StageModelBase:
     """Rows of the positions decode_forward takes: 1, or 3 for mrope models."""
     decode_embed_dim = 0
     """Width of the per-row inputs decode_forward takes besides ids (0: none)."""
+    decode_suffixes = True
+    """Whether decode_prepare may take one request's multi-token suffix (else decode only)."""
 
     def decode_graph_blocker(self) -> str | None:
         """Why this model's decode steps cannot be padded and captured as CUDA graphs (None: they
@@ -156,6 +158,7 @@ class StageModel(Protocol):
 
     decode_position_rows: int
     decode_embed_dim: int
+    decode_suffixes: bool
 
     def decode_graph_blocker(self) -> str | None: ...
 

@@ -173,6 +173,7 @@ class OmniTalkerAdapter(StageModelBase):
 
     # ---- padded (CUDA-graph) decode steps -------------------------------------------------
     decode_position_rows = 3  # mrope
+    decode_suffixes = False  # prompt positions feed thinker rows without codec embeddings
 
     @property
     def decode_embed_dim(self) -> int:  # type: ignore[override]

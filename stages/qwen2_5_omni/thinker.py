@@ -117,6 +117,7 @@ class OmniThinkerAdapter(StageModelBase):
         return ModelOutputs(out.last_hidden_state[0], extra={"inputs_embeds": embeds})
 
     decode_position_rows = 3  # mrope: temporal, height, width
+    decode_suffixes = False  # prompts merge encoder outputs and build the mrope table
 
     def decode_graph_blocker(self) -> str | None:
         return None

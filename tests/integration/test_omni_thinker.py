@@ -162,6 +162,7 @@ def test_tokens_and_tensors_match_transformers(omni_dir, proc, references, engin
                 assert result.num_cached_tokens > 0, name
     if engine_kwargs.get("cuda_graphs"):  # image and audio requests decode with mrope deltas
         assert engine.stats()["padded_rows"] > 0
+        assert engine.runner.decode_graphs.suffix_sizes == []  # prompts always run eagerly
     engine.step()  # the runner hears of the last finished requests on the next step
     assert engine.model._mrope == {}  # released with the finished requests
     assert engine.model.encoder_runs == {"image": 1, "audio": 1}  # once per distinct item
