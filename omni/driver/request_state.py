@@ -102,8 +102,8 @@ class RequestState:
         return result
 
     def record_failure(self, stage: str, error: str, finish_reason: str) -> StageResult:
+        """The result that ends the request; which stages still run it is the router's call."""
         result = StageResult(self.user_id, stage, [], [], finish_reason=finish_reason, error=error)
-        self.inflight.discard(stage)
         self.results[stage] = result
         return result
 

@@ -166,13 +166,17 @@ class Router:
     def fail(
         self, request_id: str, stage: str | None, error: str, finish_reason: str = "error"
     ) -> None:
-        """End a request with an error result in `stage` (None: the earliest stage it is in),
-        aborting it everywhere else."""
+        """End a request with an error result in `stage`, aborting it in every stage that still
+        runs it. `stage` is the one that failed it (reported an error, or died): it holds the
+        request no more. None (an abort, a timeout, a shutdown): the result names the earliest
+        stage the request is in, and that stage is still running it, so it is aborted too."""
         tracked = self.requests.get(request_id)
         if tracked is None:
             return
         if stage is None:
             stage = min(tracked.inflight, key=self.order.index, default=tracked.final)
+        else:
+            tracked.inflight.discard(stage)
         self._complete(request_id, tracked.record_failure(stage, error, finish_reason))
 
     def fail_all(self, error: str) -> None:

@@ -246,9 +246,12 @@ def _as_list(value: Any, key: str) -> list:
 
 
 def _is_waveform_pair(value: tuple) -> bool:
-    return (
-        len(value) == 2 and isinstance(value[1], int | np.integer) and not isinstance(value[0], str)
-    )
+    """Whether a bare `audio` tuple is one (waveform, sample_rate) rather than two items: a
+    waveform alone is no audio item, so any pair that does not start with one (a WAV path, WAV
+    bytes or another pair) is a waveform and its rate, which load_audio checks (16000.0 is
+    16000; 16000.5 or "16000" are errors naming the rate, not "got ndarray")."""
+    items = str | os.PathLike | bytes | bytearray | memoryview | tuple
+    return len(value) == 2 and not isinstance(value[0], items)
 
 
 def _named(where: str, key: str, i: int, loader, item: Any, limit) -> Any:

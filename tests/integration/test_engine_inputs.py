@@ -47,6 +47,15 @@ def test_pool_too_small_for_the_request(qwen2_dir):
         engine.add_request(StageInput("big", list(range(3, 40)), SamplingParams(max_tokens=4)))
 
 
+def test_max_tokens_beyond_the_context_is_capped(engine):
+    """The Python API caps at max_model_len with finish_reason "length" (the server refuses)."""
+    prompt = list(range(3, 193))  # 190 tokens of max_model_len=200: room for 10
+    engine.add_request(StageInput("long", prompt, SamplingParams(max_tokens=1000, ignore_eos=True)))
+    (result,) = engine.run_until_done()
+    assert len(result.token_ids) == 10 and result.finish_reason == "length"
+    assert not engine.has_unfinished
+
+
 def test_duplicate_request_id(engine):
     engine.add_request(StageInput("dup", [5, 6], SamplingParams(max_tokens=1)))
     with pytest.raises(ValueError, match="'dup' is already"):

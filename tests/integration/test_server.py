@@ -218,6 +218,33 @@ def test_32_concurrent_clients(client, reference):
     assert answers == [r.stages["thinker"].text for r in refs]
 
 
+def test_max_tokens_beyond_the_context_is_a_400(client, reference):
+    """As OpenAI and vLLM: a request that cannot fit the thinker's context is refused, naming
+    max_tokens, the prompt length and the limit, not silently cut (the Python API caps)."""
+    limit = reference.engine.config.stage("thinker").engine.max_model_len
+    chat = dict(model=OMNI_NAME, messages=_messages("how long can you go on?"))
+    text = dict(model=OMNI_NAME, prompt="once upon a time")
+    num_chat = client.chat.completions.create(**chat, max_tokens=1).usage.prompt_tokens
+    num_text = client.completions.create(**text, max_tokens=1).usage.prompt_tokens
+    cases = [  # (param, value, prompt length, the call)
+        ("max_tokens", limit - num_chat + 1, num_chat, client.chat.completions.create, chat),
+        ("max_completion_tokens", 30000, num_chat, client.chat.completions.create, chat),
+        ("max_tokens", limit, num_text, client.completions.create, text),
+    ]
+    for param, value, num_prompt, create, kwargs in cases:
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as caught:
+                create(**kwargs, **{param: value}, stream=stream)
+            error = caught.value
+            assert (error.param, error.code) == (param, "context_length_exceeded"), error
+            for part in (
+                f"{param} is too large: {value}.",
+                f"maximum context length is {limit} tokens",
+                f"the prompt has {num_prompt} tokens",
+            ):
+                assert part in error.message, (part, error.message)
+
+
 def test_prefix_cache_and_cache_salt(client):
     long = "a long shared document about rivers, mountains and the weather. " * 12
 

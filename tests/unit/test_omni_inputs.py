@@ -111,6 +111,19 @@ def test_integral_float_sample_rate_is_accepted(proc):
         got = proc("r", {"prompt": "x", "audio": [(samples, rate)]})
         assert got.mm_inputs[0].identifier == expected.mm_inputs[0].identifier, rate
         assert got.prompt_token_ids == expected.prompt_token_ids
+    # One bare pair (no list around it), as a caller would write `audio=(waveform, rate)`.
+    for rate in (16000, 16000.0, np.float32(16000.0)):
+        got = proc("r", {"prompt": "x", "audio": (samples, rate)})
+        assert got.mm_inputs[0].identifier == expected.mm_inputs[0].identifier, rate
+        assert got.prompt_token_ids == expected.prompt_token_ids
+    for rate, why in ((16000.5, "integer, got 16000.5"), ("16000", "integer, got '16000'")):
+        with pytest.raises(
+            ValueError, match=rf"prompt 'r': audio\[0\]: sample rate must be an {why}"
+        ):
+            proc("r", {"prompt": "x", "audio": (samples, rate)})
+    # Two audios in a tuple are still two items.
+    two = proc("r", {"prompt": "x", "audio": ((samples, 16000), (samples, 16000.0))})
+    assert [m.identifier for m in two.mm_inputs] == [expected.mm_inputs[0].identifier] * 2
     # Resampled the same way as the integer rate.
     as_float = media.load_audio((np.zeros(8000), 8000.0), 30)
     assert np.array_equal(as_float, media.load_audio((np.zeros(8000), 8000), 30))

@@ -114,6 +114,15 @@ def test_abort_with_and_without_a_reason(router):
     heard = _add(router, "y")
     assert router.abort("y", "request 'y' was aborted")
     assert heard[-1].finished and heard[-1].final.finish_reason == "aborted"
+    assert router.backend.aborted[-1] == ("a", "y")  # the stage still ran it: told to stop
+
+
+def test_an_abort_reaches_every_stage_running_the_request(router):
+    heard = _add(router)
+    router.requests["x"].inflight.add("b")  # e.g. b streams from a, which is still generating
+    assert router.abort("x", "request 'x' was aborted")
+    assert sorted(router.backend.aborted) == [("a", "x"), ("b", "x")]
+    assert heard[-1].final.stage == "a" and heard[-1].final.finish_reason == "aborted"
 
 
 def test_a_reused_id_runs_under_a_fresh_stage_id(router):
@@ -138,3 +147,4 @@ def test_no_progress_expires_a_request(router):
     router.requests["x"].last_progress -= 61
     router.expire(timeout_s=60)
     assert heard[-1].finished and "no progress in stage(s) ['a'] for 60 s" in heard[-1].error
+    assert router.backend.aborted == [("a", "x")]  # the stage may yet wake up: it must not

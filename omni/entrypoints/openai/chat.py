@@ -87,6 +87,14 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         prompt["speaker"] = speaker
     request_id = new_id("chatcmpl")
     prepared = await streaming.prepare(ctx.engine, prompt, request_id)
+    limit_param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+    sampling.check_context(
+        ctx.engine,
+        text_stage,
+        prepared,
+        body.max_completion_tokens or body.max_tokens,
+        limit_param,
+    )
     final_stage = None if want_audio else text_stage
     timer = ctx.metrics.timer(ENDPOINT)
     job = _Job(ctx, body, request_id, text_stage, plan, want_audio)

@@ -65,6 +65,7 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
     )
     request_id = new_id("cmpl")
     prepared = await streaming.prepare(ctx.engine, _prompt(body), request_id)
+    sampling.check_context(ctx.engine, text_stage, prepared, body.max_tokens, "max_tokens")
     view = streaming.TextView(text_stage, plan.stop_strings)
     timer = ctx.metrics.timer(ENDPOINT)
     created = int(time.time())

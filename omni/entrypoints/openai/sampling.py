@@ -6,6 +6,10 @@ fields (`max_tokens`/`max_completion_tokens`, `temperature`, `top_p`, `seed`, `s
 the last text stage (the thinker of Qwen2.5-Omni). Fields left out keep the config's value (so
 `temperature` defaults to the config's, which is greedy in the shipped configs, not OpenAI's 1).
 
+`max_tokens` must fit beside the prompt in the context of the stage it applies to (when that stage
+takes the request's prompt, as the thinker does): a 400 naming it, the prompt length and the
+limit otherwise, as OpenAI and vLLM answer (`check_context`). The Python API caps instead.
+
 `stop`: omni stops on token ids, not strings, so each stop string must be exactly one token of
 the text stage's tokenizer (a 400 naming `stop` otherwise). A stop string is not part of the
 returned text, as with OpenAI.
@@ -18,6 +22,7 @@ from typing import Any
 
 from omni.core.sampling_params import SamplingParams
 from omni.entrypoints.openai.errors import bad_request
+from omni.messages import PromptInput
 
 FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
@@ -67,6 +72,28 @@ def plan(
         text["max_tokens"] = max(params[text_stage].max_tokens, min_text_tokens)
     params[text_stage] = _replace(params[text_stage], text, None)
     return Plan(params, stop_strings)
+
+
+def check_context(
+    engine: Any, text_stage: str, prompt: PromptInput, max_tokens: int | None, param: str
+) -> None:
+    """A 400 when the prompt and the requested max_tokens (the request's `param`, None when it
+    sets none: the config's default is capped, not refused) overflow max_model_len of the text
+    stage, if that stage takes the request's prompt (a root stage: the thinker)."""
+    stage = engine.config.stage(text_stage)
+    limit = stage.engine.max_model_len
+    if max_tokens is None or stage.inputs or limit is None:
+        return
+    num_prompt = len(prompt.prompt_token_ids)
+    if num_prompt + max_tokens > limit:
+        raise bad_request(
+            f"{param} is too large: {max_tokens}. This model's maximum context length is "
+            f"{limit} tokens (max_model_len of stage {text_stage!r}) and the prompt has "
+            f"{num_prompt} tokens ({num_prompt} + {max_tokens} > {limit}): at most "
+            f"{max(limit - num_prompt, 0)} tokens can be generated.",
+            param,
+            "context_length_exceeded",
+        )
 
 
 def _replace(base: SamplingParams, fields: Any, where: str | None) -> SamplingParams:
