@@ -1,6 +1,6 @@
 """Adapter `qwen2_5_omni_token2wav`: codec codes -> waveform (DiT to mel, then BigVGAN).
 
-A generation-stage adapter (omni/generation_engine.py): `generate(stage_input, seed)` runs one
+A generation-stage adapter (omni/engine/generation_engine.py): `generate(stage_input, seed)` runs one
 request. It loads only the checkpoint's "token2wav." weights and spk_dict.pt, and keeps them in
 float32 as transformers does (`self.token2wav.float()` in generate).
 
