@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import tomllib
 from pathlib import Path
 
 from tests.unit.layer_rules import REPO
@@ -101,3 +102,17 @@ def test_checks_report_long_files_missing_rows_and_stale_rows(tmp_path):
         "omni/gone.py: a row in docs/architecture.md for no file",
         "omni/*.json: a row in docs/architecture.md for no file",
     ]
+
+
+def test_markers_and_annotations_are_enforced_by_config():
+    """--strict-markers (an unknown marker fails collection instead of silently selecting
+    nothing), and mypy over omni/ and stages/ with every function annotated."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "--strict-markers" in config["tool"]["pytest"]["ini_options"]["addopts"].split()
+    mypy = config["tool"]["mypy"]
+    assert {"omni", "stages"} <= set(mypy["files"])
+    assert mypy["disallow_untyped_defs"] is True and mypy["disallow_incomplete_defs"] is True
+    skipped = {
+        m for o in mypy["overrides"] if o.get("follow_imports") == "skip" for m in o["module"]
+    }
+    assert not {"omni", "omni.*", "stages", "stages.*"} & skipped
