@@ -85,7 +85,9 @@ def write_cost(model_dir: str) -> None:
         for i, p in enumerate(prompts):
             engine.add_request(StageInput(f"{label}{i}", p, SamplingParams(max_tokens=1)))
         scheduler_output = engine.scheduler.schedule()
-        batch = engine.runner._pack(scheduler_output.scheduled)
+        batch = engine.runner._pack(
+            scheduler_output.scheduled, engine.runner._track(scheduler_output.scheduled)
+        )
         with torch.inference_mode():
             forward_s = best_of(lambda b=batch: engine.model.forward(b.model_inputs), 3)
         rows = torch.randn(batch.slot_mapping.numel(), dim)

@@ -185,7 +185,7 @@ def two_stage_scenario() -> Scenario:
         "MODEL_A": str(ensure_checkpoint("qwen2", "tiny", 0)),
         "MODEL_B": str(ensure_checkpoint("llama", "tiny", 0)),
     }
-    config = load_config(REPO / "omni" / "stage_configs" / "tiny_two_stage.yaml", None, variables)
+    config = load_config(REPO / "stage_configs" / "tiny_two_stage.yaml", None, variables)
     prompt = DOCUMENT * 6 + QUESTION
     return Scenario(
         "two-stage pipeline (a: qwen2-tiny -> b: llama-tiny)",

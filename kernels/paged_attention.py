@@ -1,4 +1,5 @@
-"""Paged attention over a packed ragged batch, in pure torch (CPU first).
+"""Paged attention over a packed ragged batch in torch: the CPU path (CUDA runs the Triton kernel of
+kernels/triton_paged_attention.py, which this module's paged_attention_reference checks).
 
 Layout: query [num_tokens, num_heads, head_dim]; sequence i owns query rows
 query_start_loc[i]:query_start_loc[i+1], which are the LAST q_len_i positions of its context of

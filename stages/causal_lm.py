@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -12,7 +12,7 @@ from transformers.utils import logging as hf_logging
 
 from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
-from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModelBase
+from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, StageModelBase
 
 logger = logging.getLogger(__name__)
 
@@ -100,3 +100,7 @@ class CausalLMAdapter(StageModelBase):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden_states)
+
+
+if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by
+    _CONTRACT: type[StageModel] = CausalLMAdapter

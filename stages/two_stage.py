@@ -20,11 +20,13 @@ are fixed for the lifetime of B's cache.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from omni.messages import PromptInput, StageInput, StageResult
 from omni.registry import register_adapter, register_input_processor
-from omni.runtime.stage_model import ModelInputs, ModelOutputs
+from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel
 from stages.causal_lm import CausalLMAdapter
 
 PROJECTION_SEED = 1234
@@ -128,3 +130,7 @@ class EmbedsLMAdapter(CausalLMAdapter):
             omni_attn=inputs.attn,
         )
         return ModelOutputs(hidden_states=out.last_hidden_state[0])
+
+
+if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by
+    _CONTRACT: type[StageModel] = EmbedsLMAdapter

@@ -100,7 +100,7 @@ def config_for_model(
     model_dir: str | os.PathLike[str],
     overrides: Mapping[str, object] | Sequence[str] | None = None,
 ) -> OmniConfig:
-    """The pipeline for a checkpoint directory: omni/stage_configs/<model_type>.yaml (with variable
+    """The pipeline for a checkpoint directory: stage_configs/<model_type>.yaml (with variable
     MODEL=model_dir) when the checkpoint's config.json names a model_type that has such a file,
     else a one-stage config (stage `llm`, adapter causal_lm) for a plain HF causal LM, whose
     max_model_len is the checkpoint's max_position_embeddings."""

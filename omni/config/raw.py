@@ -1,4 +1,4 @@
-"""Raw stage-config loading for omni/config.py: YAML or dict, ${NAME} variables, model paths
+"""Raw stage-config loading for omni/config/load.py: YAML or dict, ${NAME} variables, model paths
 relative to the YAML file, and overrides (dotted keys, nested dicts or CLI strings), merged into one
 plain dict before any dataclass is built. Torch-free.
 """

@@ -193,7 +193,7 @@ def read_model_config(model_dir: str, path: str) -> dict[str, Any]:
 def check_checkpoint(stage: Any, model_config: Mapping[str, Any], config_dir: str) -> None:
     """ConfigError unless `stage`'s adapter accepts the checkpoint whose config.json is
     `model_config` (AdapterSpec.model_types, requires_causal_lm). The hint names a family config
-    in `config_dir` (omni/stage_configs/<model_type>.yaml) and adapters of the same kind that fit."""
+    in `config_dir` (stage_configs/<model_type>.yaml) and adapters of the same kind that fit."""
     spec = get_adapter_spec(stage.adapter)
     reason = spec.checkpoint_mismatch(model_config)
     if reason is None:
@@ -207,7 +207,7 @@ def check_checkpoint(stage: Any, model_config: Mapping[str, Any], config_dir: st
     if isinstance(model_type, str) and STAGE_NAME.match(model_type):
         family = os.path.join(config_dir, f"{model_type}.yaml")
         if os.path.isfile(family):
-            hints.append(f"omni/stage_configs/{model_type}.yaml")
+            hints.append(f"stage_configs/{model_type}.yaml")
     # Adapters of the same kind that fit; best: made for this model_type, same tokens (text or not).
     rank = {
         s.name: (model_type not in s.model_types, s.produces_text != spec.produces_text)

@@ -40,7 +40,7 @@ class AsyncOmni:
         **overrides: Any,
     ) -> None:
         """config: a stage-config YAML path, an equivalent dict or an OmniConfig; model: a
-        checkpoint directory (picks omni/stage_configs/<model_type>.yaml without a config, and is
+        checkpoint directory (picks stage_configs/<model_type>.yaml without a config, and is
         ${MODEL} in one); variables: more ${NAME} values; overrides: dotted keys or nested
         dicts, e.g. runtime={"backend": "local"} or **{"stages.llm.engine.num_blocks": 64}."""
         self.config = resolve_config(config, model, variables, overrides)

@@ -4,7 +4,7 @@
              [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--max-tokens N] [--output-wav PATH]
              [--stream]
     omni convert-gguf GGUF OUT_DIR [--dtype float32|bfloat16|float16]
-    omni validate CONFIG [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--model DIR] [--num-gpus N]
+    omni validate [CONFIG] [--model DIR] [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--num-gpus N]
     omni serve [CONFIG] [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
                [--api-key KEY] [--set ...] [--var ...] [--allowed-local-media-path DIR]
                [--allow-remote-media]
@@ -14,8 +14,8 @@ config key by its path, stages by name: `--set stages.thinker.engine.num_blocks=
 (values parse as YAML). `validate` is torch-free (only omni.config) and exits with status 2 and
 the message on a bad config; it also prints each stage's placement (device, GPU share, memory
 share, dtype) planned for `--num-gpus` GPUs (default: those this machine shows). `run` and
-`serve` exit the same way before loading any model. `serve`
-takes CONFIG or only `--model DIR` (omni/stage_configs/<model_type>.yaml, or a one-stage causal LM).
+`serve` exit the same way before loading any model. `run`, `serve` and `validate` take CONFIG or
+only `--model DIR` (the shipped stage_configs/<model_type>.yaml, or a one-stage causal LM).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     validate = commands.add_parser(
         "validate", help="check a config and print its stage graph and device plan"
     )
-    config_args(validate)
+    config_args(validate, optional=True)
     validate.add_argument(
         "--num-gpus",
         type=float,

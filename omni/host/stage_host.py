@@ -3,8 +3,8 @@
 The host owns everything a stage does besides moving messages: converting routed inputs and
 streamed pieces (the edge's processors, omni/host/input_conversion.py), queueing requests in the
 engine, stepping it continuously while it has work, packing results, and turning every exception
-into an error result (this is the only place that does); a CUDA error ends the stage instead
-(omni/host/device_errors.py): the loop stops, `poll` raises, the backend reports it dead.
+into an error result (its engine calls: omni/host/engine_calls.py); a CUDA error ends the stage
+instead (omni/host/device_errors.py): the loop stops, `poll` raises, the backend reports it dead.
 Backends only move messages: the local backend calls a host directly, the Ray backend wraps the
 same host in a thin actor (omni/backends/ray_actor.py) and supplies `pack`/`resolve` so that
 tensors travel through the object store.
@@ -23,7 +23,6 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections import OrderedDict
@@ -33,10 +32,9 @@ from typing import Any
 from omni.config import StageConfig
 from omni.engine import Engine, create_engine
 from omni.host.device_errors import fatal_device_error, loop_death
-from omni.host.input_conversion import InputConversion, Processor, error_message
+from omni.host.engine_calls import EngineCalls
+from omni.host.input_conversion import InputConversion, Processor
 from omni.messages import (
-    EngineOutput,
-    Finished,
     RoutedDelta,
     RoutedInput,
     StageEvent,
@@ -83,8 +81,8 @@ class StageHost:
         self.name = config.name
         self.config = config
         self.processors = processors
-        self._pack = pack
         self._inputs = InputConversion(config, processors, resolve)  # and streamed pieces
+        self._calls = EngineCalls(self.name, self._inputs, pack)  # exceptions -> error results
         self._on_event = on_event
         self._on_work = on_work
         self._engine_lock = threading.Lock()
@@ -153,7 +151,7 @@ class StageHost:
         """Stage inputs of the (routed) requests among items, and error results of those that
         failed to convert; pieces are left out."""
         accepted, failed = self._inputs.convert(items)
-        return accepted, [self._error(request_id, why) for request_id, why in failed]
+        return accepted, [self._calls.error(request_id, why) for request_id, why in failed]
 
     def poll(self, timeout_s: float) -> list[StageEvent]:
         """Every event since the last poll; waits up to timeout_s for one. Raises when the loop
@@ -231,20 +229,21 @@ class StageHost:
                 aborts, self._aborts = self._aborts, []
             accepted, failed = self._convert(inbox)
             pieces = [item for item in inbox if isinstance(item, RoutedDelta)]
+            calls = self._calls
             with self._engine_lock:
                 if aborts:
                     self.engine.abort(aborts)  # aborted requests are not reported
                 rejected, started = [], []
                 for stage_input in accepted:
-                    result = self._add(stage_input)
+                    result = calls.add(self.engine, stage_input)
                     if result is not None:
                         rejected.append(result)
                     elif self._inputs.started(stage_input.request_id):
                         started.append(stage_input.request_id)  # its pieces may flow now
-                rejected += self._extend(pieces, started)
-                events: list[StageEvent] = [self._finished(r) for r in failed + rejected]
+                rejected += calls.extend(self.engine, pieces, started)
+                events: list[StageEvent] = [calls.finished(r) for r in failed + rejected]
                 if step and self.engine.has_ready_work:
-                    events.extend(self._step())
+                    events.extend(calls.step(self.engine))
             self._emit_events(events)
             return True
         except BaseException as e:
@@ -261,67 +260,9 @@ class StageHost:
                 self._on_event()
             return False
 
-    def _add(self, stage_input: StageInput) -> StageResult | None:
-        """Queue in the engine; a rejected request becomes an error result (None if accepted)."""
-        try:
-            self.engine.add_request(stage_input)
-        except Exception as e:  # bad input, or an adapter hook tripping on it: this request alone
-            if fatal_device_error(e) is not None:
-                raise  # the stage's end, not this request's (omni/host/device_errors.py)
-            rid = stage_input.request_id
-            why = f"stage {self.name!r} rejected request {rid!r}: {error_message(e)}"
-            return self._error(rid, why, stage_input.prompt_token_ids)
-        return None
-
-    def _extend(self, pieces: list[RoutedDelta], started_ids: list[str]) -> list[StageResult]:
-        """Hand the engine every piece that is next in its request's upstream order; a piece
-        that fails fails its request alone (an error result)."""
-        failed = self._inputs.extend(self.engine, pieces, started_ids)
-        return [self._error(request_id, why) for request_id, why in failed]
-
-    def _step(self) -> list[StageEvent]:
-        """One engine step. A step that raises fails the requests in flight, never the stage
-        (but a CUDA error: device_errors.py); the engine resets its prefix cache, since the
-        failed step may have registered blocks whose KV it never wrote."""
-        try:
-            output: EngineOutput = self.engine.step()
-        except Exception as e:
-            if fatal_device_error(e) is not None:
-                raise
-            logger.exception("stage %r: engine step failed", self.name)
-            return [
-                self._failed(r.request_id, e, r.prompt_token_ids) for r in self.engine.fail_all()
-            ]
-        for error in output.failed.values():  # an engine that caught a request's error itself
-            if fatal_device_error(error) is not None:
-                raise error
-        events: list[StageEvent] = list(output.updates)
-        events.extend(self._finished(r) for r in output.finished)
-        events.extend(self._failed(rid, e) for rid, e in output.failed.items())
-        return events
-
     # ---- results ------------------------------------------------------------------------------
-    def _finished(self, result: StageResult) -> Finished:
-        self._inputs.end(result.request_id)
-        # The routed result is light (no tensors); the payload carries the whole result.
-        return Finished(dataclasses.replace(result, tensors={}, audio=None), self._pack(result))
-
-    def _failed(self, request_id: str, e: BaseException, prompt_token_ids: Any = ()) -> Finished:
-        why = f"stage {self.name!r} failed on request {request_id!r}: {type(e).__name__}: {e}"
-        return self._finished(self._error(request_id, why, prompt_token_ids))
-
-    def _error(self, request_id: str, why: str, prompt_token_ids: Any = ()) -> StageResult:
-        return StageResult(
-            request_id=request_id,
-            stage=self.name,
-            prompt_token_ids=list(prompt_token_ids),
-            token_ids=[],
-            finish_reason="error",
-            error=why,
-        )
-
     def _emit(self, results: list[StageResult]) -> None:
-        self._emit_events([self._finished(r) for r in results])
+        self._emit_events([self._calls.finished(r) for r in results])
 
     def _emit_events(self, events: list[StageEvent]) -> None:
         if not events:

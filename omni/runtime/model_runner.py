@@ -1,16 +1,16 @@
 """SchedulerOutput -> one packed ragged batch -> the stage model -> sampled tokens.
 
-Only the uncached tokens are fed, as a single row (batch 1) with explicit positions; the paged
-attention reads each sequence's context from the KV blocks through its block table. Logits are
-computed only at the rows where a token is sampled. Every fed token's per-token outputs are
-written to the stage-output cache at the token's KV slot.
+Only the uncached tokens are fed, as a single row (batch 1) with explicit positions
+(omni/runtime/batch_packing.py); the paged attention reads each sequence's context from the KV
+blocks through its block table. Logits are computed only at the rows where a token is sampled.
+Every fed token's per-token outputs are written to the stage-output cache at the token's KV slot.
 
 Devices: the KV cache, the step's inputs (token ids, positions) and its attention metadata
 (slot_mapping, query_start_loc, seq_lens, block_tables) live on the runner's device. They are
 packed on the host with numpy and, on a GPU, go over in ONE non_blocking copy from pinned
-memory; the sampler returns the chosen ids as Python ints (the step's device-to-host sync).
-Per-request extras stay as the stage received them (CPU tensors): the adapter moves what it
-uses to its device.
+memory (omni/runtime/host_upload.py); the sampler returns the chosen ids as Python ints (the
+step's device-to-host sync). Per-request extras stay as the stage received them (CPU tensors):
+the adapter moves what it uses to its device.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
-from omni.runtime.attention import AttentionMetadata, allocate_kv_caches
+from omni.runtime.attention import allocate_kv_caches
+from omni.runtime.batch_packing import PackedBatch, pack_batch
 from omni.runtime.decode_graphs import (
     DecodeGraphs,
     GraphStep,
@@ -34,7 +34,7 @@ from omni.runtime.decode_graphs import (
 )
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.sampler import Sampler
-from omni.runtime.stage_model import ModelInputs, StageModel
+from omni.runtime.stage_model import StageModel
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +43,6 @@ logger = logging.getLogger(__name__)
 class _RequestState:
     block_ids: list[int]
     sampling_params: SamplingParams
-
-
-@dataclass
-class PackedBatch:
-    model_inputs: ModelInputs
-    slot_mapping: torch.Tensor  # on the host (CPU), as model_inputs.attn.slot_mapping
-    sample_rows: torch.Tensor  # [num sampled] rows whose hidden states give the logits, on device
-    sample_ids: list[str]
 
 
 class ModelRunner:
@@ -247,74 +239,11 @@ class ModelRunner:
         return tables
 
     def _pack(self, scheduled: list[ScheduledRequest], tables: list[list[int]]) -> PackedBatch:
-        token_ids: list[int] = []
-        query_lens, context_lens = [], []
-        sample_rows, sample_ids = [], []
-        for entry in scheduled:
-            token_ids.extend(entry.token_ids)
-            query_lens.append(len(entry.token_ids))
-            context_lens.append(entry.num_computed_tokens + len(entry.token_ids))
-            if entry.sample:
-                sample_rows.append(len(token_ids) - 1)
-                sample_ids.append(entry.request_id)
-
-        num_seqs = len(scheduled)
-        q_lens = np.asarray(query_lens, dtype=np.int64)
-        seq_lens = np.asarray(context_lens, dtype=np.int64)
-        query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=query_start_loc[1:])
-        block_tables = np.zeros((num_seqs, max(len(t) for t in tables)), dtype=np.int64)
-        for row, table in enumerate(tables):
-            block_tables[row, : len(table)] = table
-        # Positions of fed tokens: the last q_len positions of each context.
-        seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
-        positions = (
-            np.arange(len(token_ids))
-            - query_start_loc[seq_of_token]
-            + (seq_lens - q_lens)[seq_of_token]
-        )
-        bs = self.block_size
-        slots = block_tables[seq_of_token, positions // bs] * bs + positions % bs
-
-        uploaded = self._upload(
-            [
-                np.asarray(token_ids, dtype=np.int64),
-                positions.astype(np.int64, copy=False),
-                slots,
-                query_start_loc,
-                seq_lens,
-                block_tables,
-                np.asarray(sample_rows, dtype=np.int64),
-            ]
-        )
-        input_ids, positions_t, slot_mapping, query_start_t, seq_lens_t, tables_t = uploaded[:6]
-        attn = AttentionMetadata.build(
-            slot_mapping=slot_mapping,
-            query_start_loc=query_start_t,
-            seq_lens=seq_lens_t,
-            block_tables=tables_t,
+        return pack_batch(
+            scheduled,
+            tables,
+            block_size=self.block_size,
             kv_caches=self.kv_caches,
-            block_size=bs,
+            extras=self._extras,
+            device=self.device,
         )
-        inputs = ModelInputs(
-            input_ids=input_ids,
-            positions=positions_t,
-            attn=attn,
-            scheduled=scheduled,
-            request_extras={e.request_id: self._extras.get(e.request_id, {}) for e in scheduled},
-        )
-        host_slots = slot_mapping if slot_mapping.device.type == "cpu" else torch.from_numpy(slots)
-        return PackedBatch(inputs, host_slots, uploaded[6], sample_ids)
-
-    def _upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
-        """int64 host arrays as tensors on the runner's device: views of the arrays on the CPU;
-        on a GPU one pinned staging buffer and one non_blocking copy, split into views there."""
-        if self.device.type == "cpu":
-            return [torch.from_numpy(a) for a in arrays]
-        flat = np.concatenate([a.reshape(-1) for a in arrays])
-        on_device = torch.from_numpy(flat).pin_memory().to(self.device, non_blocking=True)
-        out, offset = [], 0
-        for a in arrays:
-            out.append(on_device[offset : offset + a.size].view(a.shape))
-            offset += a.size
-        return out

@@ -156,9 +156,15 @@ class StageModel(Protocol):
 
     def extend_inputs(self, request_id: str, delta: InputDelta) -> int | None: ...
 
-    decode_position_rows: int
-    decode_embed_dim: int
-    decode_suffixes: bool
+    # Read-only for the engine: an adapter may define them as attributes or as properties.
+    @property
+    def decode_position_rows(self) -> int: ...
+
+    @property
+    def decode_embed_dim(self) -> int: ...
+
+    @property
+    def decode_suffixes(self) -> bool: ...
 
     def decode_graph_blocker(self) -> str | None: ...
 

@@ -153,7 +153,9 @@ def audio_identifier(waveform: np.ndarray) -> str:
     return "audio:" + digest.hexdigest()
 
 
-def _read_wav(source: object) -> tuple[np.ndarray, int]:
+def _read_wav(
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview,
+) -> tuple[np.ndarray, int]:
     """PCM WAV (8/16/24/32-bit integer, any channel count, averaged to mono) via stdlib wave."""
     name = repr(os.fspath(source)) if isinstance(source, str | os.PathLike) else "bytes"
     target = os.fspath(source) if isinstance(source, str | os.PathLike) else io.BytesIO(source)

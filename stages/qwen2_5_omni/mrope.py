@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,9 +27,9 @@ class MropeState:
     delta: int  # beyond: position p -> p + delta on all three rows
 
 
-def find_items(mm_inputs, extras: dict) -> list[Item]:
+def find_items(mm_inputs: Sequence[MultiModalInput], extras: Mapping[str, Any]) -> list[Item]:
     """Match each range to its item's encoder inputs by identifier; ValueError if one is missing."""
-    where = {}
+    where: dict[str, tuple[str, int]] = {}
     for modality, key in (("image", "image_identifiers"), ("audio", "audio_identifiers")):
         for index, identifier in enumerate(extras.get(key, ())):
             where.setdefault(identifier, (modality, index))
@@ -40,7 +42,10 @@ def find_items(mm_inputs, extras: dict) -> list[Item]:
 
 
 def mrope_positions(
-    items: list[Item], extras: dict, merge_size: int, position_id_per_seconds: float
+    items: list[Item],
+    extras: Mapping[str, Any],
+    merge_size: int,
+    position_id_per_seconds: float,
 ) -> tuple[torch.Tensor, int]:
     """3-row positions of the prompt up to the end of its last item, and the delta after it.
 

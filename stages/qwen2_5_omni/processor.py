@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -254,7 +255,9 @@ def _is_waveform_pair(value: tuple) -> bool:
     return len(value) == 2 and not isinstance(value[0], items)
 
 
-def _named(where: str, key: str, i: int, loader, item: Any, limit) -> Any:
+def _named(
+    where: str, key: str, i: int, loader: Callable[[Any, Any], Any], item: Any, limit: float
+) -> Any:
     try:
         return loader(item, limit)
     except ValueError as e:

@@ -122,7 +122,7 @@ def thinker_delta(piece: StageResult) -> InputDelta:
     """The thinker's next tokens and rows for a streaming talker request."""
     hidden, embeds = piece.tensors.get("hidden_states"), piece.tensors.get("inputs_embeds")
     if (hidden is None) != (embeds is None) or (
-        hidden is not None and hidden.shape[0] != embeds.shape[0]
+        hidden is not None and embeds is not None and hidden.shape[0] != embeds.shape[0]
     ):
         raise ValueError("thinker piece: hidden_states and inputs_embeds rows do not match")
     rows = {} if hidden is None else {"thinker_hidden": hidden, "thinker_embeds": embeds}

@@ -20,6 +20,8 @@ lookup; the codec history is a device seen-mask (talker_penalty.py). No host-dev
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,7 +37,13 @@ from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
 from omni.runtime.host_upload import upload
 from omni.runtime.row_arena import RowArena
-from omni.runtime.stage_model import DecodeInputs, ModelInputs, ModelOutputs, StageModelBase
+from omni.runtime.stage_model import (
+    DecodeInputs,
+    ModelInputs,
+    ModelOutputs,
+    StageModel,
+    StageModelBase,
+)
 from stages.qwen2_5_omni.part_loader import load_part, load_rows, load_speakers
 from stages.qwen2_5_omni.talker_inputs import TalkerRequestState, build_state, check_extras
 from stages.qwen2_5_omni.talker_penalty import SeenCodes
@@ -104,7 +112,7 @@ class OmniTalkerAdapter(StageModelBase):
         # failing every talker request of the step.
         self._add_state(stage_input.request_id, stage_input.extras)
 
-    def _add_state(self, rid: str, extras: dict) -> TalkerRequestState:
+    def _add_state(self, rid: str, extras: Mapping[str, Any]) -> TalkerRequestState:
         state, text = build_state(extras, self.talker, self.thinker_rows, self.speakers)
         self.release([rid])
         # A streaming request grows by a row per thinker token: room for as many again.
@@ -132,7 +140,9 @@ class OmniTalkerAdapter(StageModelBase):
         return state.input_limit
 
     # ---- model ----------------------------------------------------------------------------
-    def _state(self, entry: ScheduledRequest, extras: dict) -> TalkerRequestState | None:
+    def _state(
+        self, entry: ScheduledRequest, extras: Mapping[str, Any]
+    ) -> TalkerRequestState | None:
         if not extras:
             return None  # warm-up or a bare codec prompt: codec embeddings at plain positions
         state = self._states.get(entry.request_id)
@@ -218,3 +228,7 @@ class OmniTalkerAdapter(StageModelBase):
             return logits  # no penalty, or not the rows of the last forward
         slots, groups, penalties = self._penalty
         return self._seen.penalize(logits, slots, groups, penalties)
+
+
+if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by
+    _CONTRACT: type[StageModel] = OmniTalkerAdapter

@@ -30,7 +30,9 @@ Two modes, because transformers' talker forward takes two paths:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -95,7 +97,7 @@ class TalkerRequestState:
         return out
 
 
-def check_extras(extras: dict) -> None:
+def check_extras(extras: Mapping[str, Any]) -> None:
     """ValueError unless `extras` holds a well-formed thinker_to_talker payload."""
     for key in ("thinker_prompt_ids", "thinker_output_ids", "thinker_hidden", "thinker_embeds"):
         if key not in extras:
@@ -114,7 +116,10 @@ def check_extras(extras: dict) -> None:
 
 
 def build_state(
-    extras: dict, talker, thinker_rows: dict[str, torch.Tensor], speakers: dict
+    extras: Mapping[str, Any],
+    talker: torch.nn.Module,
+    thinker_rows: dict[str, torch.Tensor],
+    speakers: dict[str, int],
 ) -> tuple[TalkerRequestState, torch.Tensor]:
     """TalkerRequestState for one request and its text rows [num_rows, D_thinker] (on the host,
     in the thinker's dtype): the thinker-side vector of each talker position. `talker`: the HF

@@ -16,15 +16,24 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
 from omni.core.scheduler_output import ScheduledRequest
+from omni.messages import StageInput
 from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
-from omni.runtime.stage_model import DecodeInputs, ModelInputs, ModelOutputs, StageModelBase
+from omni.runtime.stage_model import (
+    DecodeInputs,
+    ModelInputs,
+    ModelOutputs,
+    StageModel,
+    StageModelBase,
+)
 from stages.causal_lm import load_kwargs
 from stages.qwen2_5_omni.encoder_cache import EncoderCache
 from stages.qwen2_5_omni.encoder_profile import largest_items, max_image_pixels
@@ -159,11 +168,11 @@ class OmniThinkerAdapter(StageModelBase):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden_states)
 
-    def release(self, request_ids) -> None:
+    def release(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             self._mrope.pop(request_id, None)
 
-    def check_inputs(self, stage_input) -> None:
+    def check_inputs(self, stage_input: StageInput) -> None:
         """Called by the engine on add_request: every range has matching encoder inputs."""
         extras = stage_input.extras or {}
         for item in find_items(stage_input.mm_inputs, extras):
@@ -175,7 +184,7 @@ class OmniThinkerAdapter(StageModelBase):
                 )
 
     # ---- multimodal -----------------------------------------------------------------------------
-    def _state(self, entry, extras: dict) -> MropeState | None:
+    def _state(self, entry: ScheduledRequest, extras: Mapping[str, Any]) -> MropeState | None:
         """Per-request mrope table, built when the request is (re)admitted with its ranges."""
         if entry.is_new:
             self._mrope.pop(entry.request_id, None)
@@ -193,17 +202,19 @@ class OmniThinkerAdapter(StageModelBase):
         tail = tail.add_(state.delta).expand(3, -1)
         return torch.cat([state.positions[:, first:last], tail], dim=1)
 
-    def mrope_positions(self, items: list[Item], extras: dict) -> tuple[torch.Tensor, int]:
+    def mrope_positions(
+        self, items: list[Item], extras: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, int]:
         """The prompt's 3-row positions up to its last item's end, and the delta after it."""
         return mrope_positions(items, extras, self.merge_size, self.position_id_per_seconds)
 
-    def _num_tokens(self, item: Item, extras: dict) -> int:
+    def _num_tokens(self, item: Item, extras: Mapping[str, Any]) -> int:
         if item.modality == "image":
             return int(np.prod(extras["image_grid_thw"][item.index])) // self.merge_size**2
         frames = int(np.sum(extras["feature_attention_mask"][item.index]))
         return ((frames - 1) // 2 + 1 - 2) // 2 + 1
 
-    def _encode(self, item: Item, extras: dict) -> torch.Tensor:
+    def _encode(self, item: Item, extras: Mapping[str, Any]) -> torch.Tensor:
         """The item's encoder output [length, hidden]: from the cache, or one tower run."""
         identifier = item.mm.identifier
         cached = self.encoder_cache.get(identifier)
@@ -220,7 +231,7 @@ class OmniThinkerAdapter(StageModelBase):
         self.encoder_cache.put(identifier, features)
         return features
 
-    def _tower(self, modality: str, extras: dict, index: int) -> torch.Tensor:
+    def _tower(self, modality: str, extras: Mapping[str, Any], index: int) -> torch.Tensor:
         """One item's encoder output [tokens, hidden], in the tower's dtype."""
         inner = self.model.model
         device = self.device
@@ -253,3 +264,7 @@ register_adapter(
     emits=("hidden_states", "inputs_embeds"),
     model_types=("qwen2_5_omni", "qwen2_5_omni_thinker"),  # a full checkpoint or the thinker alone
 )(OmniThinkerAdapter)
+
+
+if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by
+    _CONTRACT: type[StageModel] = OmniThinkerAdapter

@@ -1,6 +1,6 @@
 """Adapter `qwen2_5_omni_token2wav`: codec codes -> waveform (DiT to mel, then BigVGAN).
 
-A generation-stage adapter (omni/generation_engine.py): `generate(stage_input, seed)` runs one
+A generation-stage adapter (omni/engine/generation_engine.py): `generate(stage_input, seed)` runs one
 request. It loads only the checkpoint's "token2wav." weights and spk_dict.pt, and keeps them in
 float32 as transformers does (`self.token2wav.float()` in generate).
 
@@ -31,7 +31,7 @@ decode's at the same frames, so chunks differ from `generate` only by the bounde
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import Qwen2_5OmniConfig
@@ -40,7 +40,7 @@ from transformers.utils import logging as hf_logging
 
 from omni.messages import StageInput
 from omni.registry import register_adapter
-from omni.runtime.stage_model import ChunkJob, StageModelBase
+from omni.runtime.stage_model import ChunkedGenerationModel, ChunkJob, StageModelBase
 from stages.qwen2_5_omni.part_loader import load_part, load_speakers
 from stages.qwen2_5_omni.token2wav_chunks import (
     DitWindow,
@@ -220,3 +220,7 @@ class OmniToken2WavAdapter(StageModelBase):
             cond, ref_mel = self.speakers[name]
             self._encoded_speakers[name] = encode_speaker(self.dit, cond, ref_mel)
         return self._encoded_speakers[name]
+
+
+if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by
+    _CONTRACT: type[ChunkedGenerationModel] = OmniToken2WavAdapter

@@ -114,7 +114,7 @@ for stage in ("a", "b"):
     overrides[f"stages.{stage}.engine.device"] = "cuda"
     overrides[f"stages.{stage}.sampling.max_tokens"] = 4
 config = load_config(
-    repo + "/omni/stage_configs/tiny_two_stage.yaml", overrides, {"MODEL_A": a_dir, "MODEL_B": b_dir}
+    repo + "/stage_configs/tiny_two_stage.yaml", overrides, {"MODEL_A": a_dir, "MODEL_B": b_dir}
 )
 report = {}
 with Omni(config) as omni:

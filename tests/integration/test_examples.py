@@ -47,7 +47,7 @@ def test_cli_run_with_image_and_wav(tmp_path):
     Image.fromarray(np.full((56, 84, 3), 200, dtype=np.uint8)).save(image)
     wav = tmp_path / "answer.wav"
     out = run(
-        "-m", "omni.entrypoints.cli", "run", "omni/stage_configs/qwen2_5_omni.yaml", "--model", str(model),
+        "-m", "omni.entrypoints.cli", "run", "stage_configs/qwen2_5_omni.yaml", "--model", str(model),
         "--prompt", "What is in the picture?", "--image", str(image), "--max-tokens", "6",
         "--set", "runtime.backend=local", "--output-wav", str(wav),
     )  # fmt: skip

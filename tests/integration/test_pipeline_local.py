@@ -177,7 +177,7 @@ def test_yaml_with_variables_and_overrides(dirs):
     repo = Path(__file__).resolve().parents[2]
     variables = {"MODEL_A": str(dirs[0]), "MODEL_B": str(dirs[1])}
     with Omni(
-        repo / "omni" / "stage_configs" / "tiny_two_stage.yaml",
+        repo / "stage_configs" / "tiny_two_stage.yaml",
         variables=variables,
         runtime={"backend": "local"},
         **{"stages.a.engine.num_blocks": 64},

@@ -16,7 +16,7 @@ from omni.messages import PromptInput, StageInput, StageResult
 from omni.registry import get_input_processor
 
 REPO = Path(__file__).resolve().parents[2]
-YAML = REPO / "omni" / "stage_configs" / "tiny_two_stage.yaml"
+YAML = REPO / "stage_configs" / "tiny_two_stage.yaml"
 
 
 def two_stage_config(a_dir: str, b_dir: str, **overrides: object) -> OmniConfig:

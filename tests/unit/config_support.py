@@ -10,7 +10,7 @@ import pytest
 from omni.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = REPO / "omni" / "stage_configs"
+CONFIGS = REPO / "stage_configs"
 
 
 def make_model(path: Path, config: dict | None = None) -> str:

@@ -63,7 +63,7 @@ def test_text_lm_adapters_reject_an_omni_checkpoint_without_torch(
         f"stage {stage_name!r}: stages.{stage_name}.adapter: adapter {adapter!r} cannot load "
         f"{omni_dir!r} (model_type 'qwen2_5_omni', architectures "
         "['Qwen2_5OmniForConditionalGeneration']): it loads *ForCausalLM checkpoints only; "
-        "use omni/stage_configs/qwen2_5_omni.yaml or adapter qwen2_5_omni_thinker"
+        "use stage_configs/qwen2_5_omni.yaml or adapter qwen2_5_omni_thinker"
     )
     # The same config with fitting checkpoints loads, still without torch.
     ok = {"MODEL_A": qwen2_dir, "MODEL_B": llama_dir}
@@ -124,7 +124,7 @@ def test_causal_lm_rejects_other_heads(tmp_path):
     message = error_of(one(bert), "stages.a.adapter", "'causal_lm'", "model_type 'bert'")
     assert message.endswith("it loads *ForCausalLM checkpoints only")  # no fitting adapter: no hint
     with pytest.raises(ConfigError, match="stages.llm.adapter: adapter 'causal_lm' cannot load"):
-        config_for_model(bert)  # no omni/stage_configs/bert.yaml: the causal-LM fallback, refused
+        config_for_model(bert)  # no stage_configs/bert.yaml: the causal-LM fallback, refused
 
 
 def test_registered_adapter_spec_is_honoured(tmp_path, model):

@@ -16,8 +16,8 @@ from omni.audio import write_wav
 from omni.entrypoints.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
-TWO_STAGE = str(REPO / "omni" / "stage_configs" / "tiny_two_stage.yaml")
-ONE_STAGE = str(REPO / "omni" / "stage_configs" / "tiny_causal_lm.yaml")
+TWO_STAGE = str(REPO / "stage_configs" / "tiny_two_stage.yaml")
+ONE_STAGE = str(REPO / "stage_configs" / "tiny_causal_lm.yaml")
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_validate_prints_the_device_plan(tmp_path, capsys, monkeypatch):
     omni_dir = tmp_path / "omni"
     omni_dir.mkdir()
     (omni_dir / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni"}))
-    argv = ["validate", str(REPO / "omni" / "stage_configs" / "qwen2_5_omni.yaml")]
+    argv = ["validate", str(REPO / "stage_configs" / "qwen2_5_omni.yaml")]
     argv += ["--model", str(omni_dir)]
     assert main([*argv, "--num-gpus", "1"]) == 0
     out = capsys.readouterr().out

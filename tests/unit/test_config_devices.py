@@ -11,7 +11,7 @@ import pytest
 from omni.config import ConfigError, load_config
 from omni.config.devices import describe_plan, plan_gpus
 
-QWEN_OMNI = Path(__file__).resolve().parents[2] / "omni" / "stage_configs" / "qwen2_5_omni.yaml"
+QWEN_OMNI = Path(__file__).resolve().parents[2] / "stage_configs" / "qwen2_5_omni.yaml"
 
 
 def _config(backend: str, **stages: object) -> object:

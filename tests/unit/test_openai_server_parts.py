@@ -29,7 +29,7 @@ def test_serve_config_errors_exit_2(tmp_path, capsys):
     assert "--model" in capsys.readouterr().err
     assert main(["serve", str(tmp_path / "missing.yaml")]) == 2
     assert main(["serve", "--model", str(tmp_path / "no-checkpoint")]) == 2
-    bad = ["serve", str(REPO / "omni" / "stage_configs" / "tiny_causal_lm.yaml"), "--set", "nokey"]
+    bad = ["serve", str(REPO / "stage_configs" / "tiny_causal_lm.yaml"), "--set", "nokey"]
     assert main(bad) == 2
 
 
