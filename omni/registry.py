@@ -129,11 +129,15 @@ class EdgeStreaming:
 
 # Torch-free, like the adapter specs: the driver decides when to start a streaming consumer.
 EDGE_STREAMING: dict[str, EdgeStreaming] = {
-    "thinker_to_talker": EdgeStreaming(2, True, "stages.qwen2_5_omni.processors:thinker_delta"),
-    "thinker_to_talker_unmasked": EdgeStreaming(
-        2, True, "stages.qwen2_5_omni.processors:thinker_delta"
+    "thinker_to_talker": EdgeStreaming(
+        2, True, "stages.qwen2_5_omni.input_processors:thinker_delta"
     ),
-    "talker_to_token2wav": EdgeStreaming(1, False, "stages.qwen2_5_omni.processors:talker_delta"),
+    "thinker_to_talker_unmasked": EdgeStreaming(
+        2, True, "stages.qwen2_5_omni.input_processors:thinker_delta"
+    ),
+    "talker_to_token2wav": EdgeStreaming(
+        1, False, "stages.qwen2_5_omni.input_processors:talker_delta"
+    ),
 }
 """Input processors that can stream, by name (see EdgeStreaming)."""
 
@@ -153,16 +157,16 @@ def get_delta_processor(processor: str) -> Callable[..., Any]:
 
 _LAZY_INPUT_PROCESSORS: dict[str, str] = {
     "hidden_to_embeds": "stages.two_stage:hidden_to_embeds",
-    "thinker_to_talker": "stages.qwen2_5_omni.processors:thinker_to_talker",
-    "thinker_to_talker_unmasked": "stages.qwen2_5_omni.processors:thinker_to_talker_unmasked",
-    "talker_to_token2wav": "stages.qwen2_5_omni.processors:talker_to_token2wav",
+    "thinker_to_talker": "stages.qwen2_5_omni.input_processors:thinker_to_talker",
+    "thinker_to_talker_unmasked": "stages.qwen2_5_omni.input_processors:thinker_to_talker_unmasked",
+    "talker_to_token2wav": "stages.qwen2_5_omni.input_processors:talker_to_token2wav",
 }
 
 
 # Root-stage prompt processors by adapter name (user prompt -> PromptInput); "module:attr".
 _LAZY_PROMPT_PROCESSORS: dict[str, str] = {
     "causal_lm": "omni.entrypoints.prompt_processor:PromptProcessor",
-    "qwen2_5_omni_thinker": "stages.qwen2_5_omni.processor:OmniPromptProcessor",
+    "qwen2_5_omni_thinker": "stages.qwen2_5_omni.prompt_processor:OmniPromptProcessor",
 }
 _DEFAULT_PROMPT_PROCESSOR = "omni.entrypoints.prompt_processor:PromptProcessor"
 

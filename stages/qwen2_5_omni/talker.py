@@ -3,7 +3,7 @@
 The talker is an ordinary causal decoder on omni's paged attention, except for its inputs: each
 position's input embedding comes from the thinker (see talker_inputs.py), so forward() builds, for
 any fed range [num_computed, num_computed + n) of a request, exactly what transformers feeds at
-those positions, from the request's StageInput.extras (written by processors.thinker_to_talker).
+those positions, from the request's StageInput.extras (written by input_processors.thinker_to_talker).
 That makes prefix hits, chunked prefill, decode and recompute after preemption all feed the same
 embeddings and 3-row mrope positions as one uninterrupted transformers generate.
 
@@ -130,7 +130,7 @@ class OmniTalkerAdapter(StageModelBase):
         return self._states[request_id].input_limit
 
     def extend_inputs(self, request_id: str, delta: InputDelta) -> int | None:
-        """The thinker's next rows (processors.thinker_delta): decode steps that need them can
+        """The thinker's next rows (input_processors.thinker_delta): decode steps that need them can
         run; once it has finished, every later step can."""
         state = self._states[request_id]
         extras = delta.extras

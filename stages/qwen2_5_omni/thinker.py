@@ -7,7 +7,7 @@ model. Outputs: ``hidden_states`` (last layer after the norm) and ``extra["input
 merged layer-0 input), the two per-token tensors the talker consumes (transformers' generate uses
 the thinker's ``hidden_states[-1]`` and ``hidden_states[0]``).
 
-Per-request extras: see stages/qwen2_5_omni/processor.py (``image_identifiers``, ``pixel_values``,
+Per-request extras: see stages/qwen2_5_omni/prompt_processor.py (``image_identifiers``, ``pixel_values``,
 ``image_grid_thw``, ``audio_identifiers``, ``input_features``, ``feature_attention_mask``).
 """
 

@@ -59,7 +59,7 @@ from stages.qwen2_5_omni.token2wav_memory import (
 )
 from stages.qwen2_5_omni.token2wav_vocoder import hop_length, reach_frames, vocode
 
-SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN output rate (processors/docs: 24 kHz audio)
+SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN output rate (input_processors.py, docs: 24 kHz audio)
 DEFAULT_SPEAKER = "Chelsie"
 # Qwen2_5OmniToken2WavModel.forward defaults, overridable per request through extras.
 ODE_DEFAULTS = {"num_steps": 10, "guidance_scale": 0.5, "sway_coefficient": -1.0}

@@ -19,7 +19,7 @@ import torch
 from omni import Omni
 from omni.config import load_config
 from omni.engine import StageEngine
-from stages.qwen2_5_omni.processors import _before_eos
+from stages.qwen2_5_omni.input_processors import _before_eos
 from tests.integration.omni_reference import load_hf, run_generate
 from tests.integration.test_omni_pipeline import (
     PARAMS,

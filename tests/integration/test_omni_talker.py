@@ -19,7 +19,7 @@ from omni.config import load_config
 from omni.core.sampling_params import SamplingParams
 from omni.engine import StageEngine, create_engine
 from omni.messages import StageInput
-from stages.qwen2_5_omni.processors import (
+from stages.qwen2_5_omni.input_processors import (
     talker_to_token2wav,
     thinker_to_talker,
     thinker_to_talker_unmasked,

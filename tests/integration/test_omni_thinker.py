@@ -36,7 +36,7 @@ def omni_dir() -> str:
 
 @pytest.fixture(scope="module")
 def proc(omni_dir):
-    from stages.qwen2_5_omni.processor import OmniPromptProcessor
+    from stages.qwen2_5_omni.prompt_processor import OmniPromptProcessor
 
     return OmniPromptProcessor(omni_dir)
 

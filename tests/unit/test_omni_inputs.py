@@ -23,7 +23,7 @@ def omni_dir() -> str:
 
 @pytest.fixture(scope="module")
 def proc(omni_dir):
-    from stages.qwen2_5_omni.processor import OmniPromptProcessor
+    from stages.qwen2_5_omni.prompt_processor import OmniPromptProcessor
 
     return OmniPromptProcessor(omni_dir, max_pixels=200 * 200)
 
@@ -162,7 +162,7 @@ def test_explicit_placeholders_framed_and_pre_expanded_ids_kept(proc):
 def test_prompt_processor_registry():
     from omni.entrypoints.prompt_processor import PromptProcessor
     from omni.registry import get_prompt_processor
-    from stages.qwen2_5_omni.processor import OmniPromptProcessor
+    from stages.qwen2_5_omni.prompt_processor import OmniPromptProcessor
 
     assert get_prompt_processor("qwen2_5_omni_thinker") is OmniPromptProcessor
     assert get_prompt_processor("causal_lm") is PromptProcessor
