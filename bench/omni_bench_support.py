@@ -131,7 +131,7 @@ def run_ours(omni: Omni, requests, params) -> dict:
         if r.stage == "token2wav" and first_audio is None:
             first_audio = time.perf_counter() - start
     wall = time.perf_counter() - start
-    ordered = [results[rid] for rid in sorted(results, key=_index)]
+    ordered = [results[request_id] for request_id in sorted(results, key=_index)]
     return {
         "wall": wall,
         "ttfa": first_audio,

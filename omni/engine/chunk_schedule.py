@@ -67,12 +67,13 @@ class ChunkSchedule:
         # At most one whole-sequence decode per step: they run one by one anyway, and each
         # waveform then leaves as soon as it is done instead of waiting for the others.
         whole = list(pending.items())[:1]
-        work = [Work((0, order), rid) for rid, (_, _, order) in whole]
+        work = [Work((0, order), request_id) for request_id, (_, _, order) in whole]
         # A stream's next chunk only, even when more are ready: its audio then arrives chunk by
         # chunk instead of in one piece after a longer step; the batch is across requests.
-        for rid, stream in streams.items():
+        for request_id, stream in streams.items():
             work += [
-                Work((i, stream.order), rid, s, e) for i, s, e in self.ready_chunks(stream)[:1]
+                Work((i, stream.order), request_id, s, e)
+                for i, s, e in self.ready_chunks(stream)[:1]
             ]
         ranked = sorted(work, key=lambda w: w.rank)[: self.config.engine.max_num_seqs]
         # A step decodes at most max_num_batched_tokens codes, so that it is short enough for a

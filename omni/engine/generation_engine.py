@@ -59,21 +59,21 @@ class GenerationEngine:
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, stage_input: StageInput) -> None:
         """Validate and queue; a ValueError leaves the engine and other requests untouched."""
-        rid = stage_input.request_id
-        if rid in self._pending or rid in self._streams:
-            raise ValueError(f"request_id {rid!r} is already in stage {self.name!r}")
+        request_id = stage_input.request_id
+        if request_id in self._pending or request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in stage {self.name!r}")
         if not stage_input.input_complete and not isinstance(self.model, ChunkedGenerationModel):
-            raise ValueError(f"request {rid!r}: stage {self.name!r} cannot decode in chunks")
+            raise ValueError(f"request {request_id!r}: stage {self.name!r} cannot decode in chunks")
         try:
             self.model.check_inputs(stage_input)  # adapter hook (StageModelBase: accepts all)
         except ValueError as e:
-            raise ValueError(f"request {rid!r}: {e}") from e
+            raise ValueError(f"request {request_id!r}: {e}") from e
         arrival, order = time.perf_counter(), next(self._order)
         if stage_input.input_complete:
-            self._pending[rid] = (stage_input, arrival, order)
+            self._pending[request_id] = (stage_input, arrival, order)
             return
         seed = stage_input.sampling_params.seed
-        self._streams[rid] = Stream(
+        self._streams[request_id] = Stream(
             stage_input,
             arrival,
             order,
@@ -104,11 +104,11 @@ class GenerationEngine:
 
     def abort(self, request_ids: list[str]) -> list[StageResult]:
         results = []
-        for rid in request_ids:
-            item = self._pending.pop(rid, None)
+        for request_id in request_ids:
+            item = self._pending.pop(request_id, None)
             if item is not None:
                 results.append(self._result(item[0], "aborted", item[1]))
-            stream = self._streams.pop(rid, None)
+            stream = self._streams.pop(request_id, None)
             if stream is not None:
                 results.append(self._stream_result(stream, "aborted"))
         return results
@@ -155,8 +155,8 @@ class GenerationEngine:
         ]
         chunks = [w for w in work if w.end > 0]
         updates = self._decode(chunks, failed) if chunks else []
-        for rid in [rid for rid, s in self._streams.items() if s.done]:
-            results.append(self._stream_result(self._streams.pop(rid), "stopped"))
+        for request_id in [i for i, s in self._streams.items() if s.done]:
+            results.append(self._stream_result(self._streams.pop(request_id), "stopped"))
         finished = [r for r in results if r is not None]
         self.busy_s += time.perf_counter() - start
         self.num_finished += len(finished)

@@ -161,16 +161,16 @@ class StageEngine:
         request.input_limit = self.model.extend_inputs(delta.request_id, delta)
 
     def _validate(self, request: Request) -> None:
-        rid = request.request_id
+        request_id = request.request_id
         if request.num_prompt_tokens > self.max_model_len:
             raise ValueError(
-                f"request {rid!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
-                f"max_model_len={self.max_model_len}"
+                f"request {request_id!r}: prompt of {request.num_prompt_tokens} tokens is longer "
+                f"than max_model_len={self.max_model_len}"
             )
         bad = [t for t in request.prompt_token_ids if t >= self.model.vocab_size]
         if bad:
             raise ValueError(
-                f"request {rid!r}: token id {bad[0]} is outside the vocabulary of "
+                f"request {request_id!r}: token id {bad[0]} is outside the vocabulary of "
                 f"{self.model.vocab_size} (stage {self.name!r})"
             )
         longest = min(
@@ -179,11 +179,11 @@ class StageEngine:
         num_blocks_needed = -(-longest // self.block_size)
         if num_blocks_needed > self.num_blocks:
             raise ValueError(
-                f"request {rid!r}: up to {longest} tokens need {num_blocks_needed} blocks, but "
-                f"stage {self.name!r} has num_blocks={self.num_blocks}"
+                f"request {request_id!r}: up to {longest} tokens need {num_blocks_needed} blocks, "
+                f"but stage {self.name!r} has num_blocks={self.num_blocks}"
             )
-        if rid in self.scheduler.requests:
-            raise ValueError(f"request_id {rid!r} is already in stage {self.name!r}")
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request_id {request_id!r} is already in stage {self.name!r}")
 
     def abort(self, request_ids: list[str]) -> list[StageResult]:
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
@@ -232,7 +232,9 @@ class StageEngine:
     ) -> EngineOutput:
         self.num_steps += 1
         self.rows.after_step(scheduler_output, self.num_steps)
-        sampled = [self.scheduler.requests[rid] for rid in runner_output.sampled_token_ids]
+        sampled = [
+            self.scheduler.requests[request_id] for request_id in runner_output.sampled_token_ids
+        ]
         num_before = {r.request_id: r.num_output_tokens for r in sampled}
         finished = self.scheduler.update_from_output(scheduler_output, runner_output)
         updates = [

@@ -203,8 +203,8 @@ class ModelRunner:
             return RunnerOutput(sampled_token_ids={})
         logits = self.model.compute_logits(hidden)
         entries = {e.request_id: e for e in scheduled}
-        params = [self._requests[rid].sampling_params for rid in sample_ids]
-        counts = [entries[rid].num_output_tokens for rid in sample_ids]
+        params = [self._requests[request_id].sampling_params for request_id in sample_ids]
+        counts = [entries[request_id].num_output_tokens for request_id in sample_ids]
         token_ids = self.sampler(logits, params, counts)
         return RunnerOutput(sampled_token_ids=dict(zip(sample_ids, token_ids, strict=True)))
 

@@ -112,19 +112,19 @@ class OmniTalkerAdapter(StageModelBase):
         # failing every talker request of the step.
         self._add_state(stage_input.request_id, stage_input.extras)
 
-    def _add_state(self, rid: str, extras: Mapping[str, Any]) -> TalkerRequestState:
+    def _add_state(self, request_id: str, extras: Mapping[str, Any]) -> TalkerRequestState:
         state, text = build_state(extras, self.talker, self.thinker_rows, self.speakers)
-        self.release([rid])
+        self.release([request_id])
         # A streaming request grows by a row per thinker token: room for as many again.
-        self._text.add(rid, text, spare=0 if state.finished else text.shape[0])
-        self._states[rid] = state
+        self._text.add(request_id, text, spare=0 if state.finished else text.shape[0])
+        self._states[request_id] = state
         return state
 
     def release(self, request_ids: list[str]) -> None:
-        for rid in request_ids:
-            self._states.pop(rid, None)
-            self._text.release(rid)
-            self._seen.release(rid)
+        for request_id in request_ids:
+            self._states.pop(request_id, None)
+            self._text.release(request_id)
+            self._seen.release(request_id)
 
     def input_limit(self, request_id: str) -> int | None:
         return self._states[request_id].input_limit

@@ -72,9 +72,9 @@ def talker_engine(model_dir: str, caching: bool, **engine: object) -> StageEngin
     return StageEngine(load_config({"stages": [stage]}).stages[0])
 
 
-def talker_input(ref: OmniReference, mode: str, rid: str) -> StageInput:
+def talker_input(ref: OmniReference, mode: str, request_id: str) -> StageInput:
     processor = thinker_to_talker if mode == "masked" else thinker_to_talker_unmasked
-    stage_input = processor(thinker_result(ref, rid), prompt_input(ref, rid))
+    stage_input = processor(thinker_result(ref, request_id), prompt_input(ref, request_id))
     params = SamplingParams(max_tokens=TALKER_TOKENS, stop_token_ids=CODEC_STOP)
     return dataclasses.replace(stage_input, sampling_params=params)
 

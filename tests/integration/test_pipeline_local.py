@@ -58,8 +58,8 @@ def test_stream_yields_each_stage_as_it_finishes(local_omni):
     ids = prompts(n=3, seed=1)
     seen = [(r.request_id, r.stage) for r in local_omni.stream(ids)]
     assert len(seen) == 2 * len(ids)
-    for rid in {rid for rid, _ in seen}:
-        assert [s for r, s in seen if r == rid] == ["a", "b"]
+    for request_id in {request_id for request_id, _ in seen}:
+        assert [s for r, s in seen if r == request_id] == ["a", "b"]
 
 
 def test_leaving_a_stream_early_aborts_the_rest(local_omni):
@@ -120,9 +120,9 @@ def test_failing_request_fails_alone(dirs):
         outputs = omni.generate(batch, use_tqdm=False)
     ok, raised, misshaped, ok2 = outputs
     assert ok.error is None and ok2.error is None and len(ok2.final.token_ids) == 6
-    rid = raised.request_id
+    request_id = raised.request_id
     assert raised.final.stage == "b" and "a" in raised.stages
-    assert f"{rid!r}" in raised.error and "stage 'b'" in raised.error
+    assert f"{request_id!r}" in raised.error and "stage 'b'" in raised.error
     assert "test_local_faulty" in raised.error and "deliberately broken" in raised.error
     assert f"{misshaped.request_id!r}" in misshaped.error and "stage 'b'" in misshaped.error
     assert "prompt_embeds" in misshaped.error
@@ -132,8 +132,8 @@ def test_failing_request_fails_alone(dirs):
 def generated_tokens(upstream, prompt):
     """The upstream stages' generated tokens, concatenated in stage-name order."""
     ids = [t for name in sorted(upstream) for t in upstream[name].token_ids]
-    rid = next(iter(upstream.values())).request_id
-    return StageInput(rid, ids, cache_salt=prompt.cache_salt)
+    request_id = next(iter(upstream.values())).request_id
+    return StageInput(request_id, ids, cache_salt=prompt.cache_salt)
 
 
 def test_diamond_graph_waits_for_all_inputs(dirs):

@@ -279,8 +279,8 @@ def test_engine_step_code_budget(omni_dir, adapter):
     window; the first item always runs, and a whole request counts its codes."""
     stage = engine(omni_dir, adapter, max_num_batched_tokens=12)
     codes = random_codes(30, seed=6)
-    for rid in ("a", "b"):
-        stage.add_request(streaming(rid, codes[:8]))
+    for request_id in ("a", "b"):
+        stage.add_request(streaming(request_id, codes[:8]))
     assert [u.request_id for u in stage.step().updates] == ["a"]  # 8 + 8 > 12
     assert [u.request_id for u in stage.step().updates] == ["b"]
     stage.add_request(StageInput("whole", codes))  # 30 codes, over the budget: alone
@@ -289,8 +289,8 @@ def test_engine_step_code_budget(omni_dir, adapter):
     assert [r.request_id for r in output.finished] == ["whole"] and not output.updates
     assert [u.request_id for u in stage.step().updates] == ["a"]
     big = engine(omni_dir, adapter, max_num_batched_tokens=24)
-    for rid in ("a", "b"):
-        big.add_request(streaming(rid, codes[:8]))
+    for request_id in ("a", "b"):
+        big.add_request(streaming(request_id, codes[:8]))
     assert [u.request_id for u in big.step().updates] == ["a", "b"]  # 8 + 8
     big.extend_request(InputDelta("a", codes[8:16]))
     big.add_request(streaming("c", codes[:8]))

@@ -71,7 +71,8 @@ class _Engine:
             raise torch.AcceleratorError(ASSERT)
         if self.mode == "plain":
             raise RuntimeError("an ordinary bug")
-        failed = {rid: RuntimeError(ILLEGAL) for rid in self.requests}  # mode "failed"
+        # mode "failed"
+        failed = {request_id: RuntimeError(ILLEGAL) for request_id in self.requests}
         self.requests = []
         return EngineOutput(failed=failed)
 

@@ -30,7 +30,7 @@ class RecordingBackend:
         self.items = list(items)
 
     def abort(self, stage, request_ids):
-        self.aborted += [(stage, rid) for rid in request_ids]
+        self.aborted += [(stage, request_id) for request_id in request_ids]
 
     def fetch(self, payloads):
         return list(payloads)
