@@ -38,10 +38,10 @@ def speech_args(args) -> argparse.Namespace:
 
 async def one_request(omni: Omni, prompt: dict, params, stream: bool, t0: float) -> dict:
     """One request through AsyncOmni.generate; times from t0 (the launch of its level)."""
-    audio_stage = omni.engine.audio_stage
+    audio_stage = omni.async_omni.audio_stage
     first = None
     last = None
-    async for out in omni.engine.generate(prompt, params, stream_audio=stream):
+    async for out in omni.async_omni.generate(prompt, params, stream_audio=stream):
         audio = out.final.audio
         if first is None and out.final.stage == audio_stage and audio is not None and audio.numel():
             first = time.perf_counter() - t0

@@ -280,11 +280,11 @@ def _serve(args: argparse.Namespace, config: OmniConfig) -> int:
         allow_remote_media=args.allow_remote_media,
     )
     try:
-        engine = AsyncOmni(config)
+        async_omni = AsyncOmni(config)
     except ConfigError as e:  # e.g. the stages do not fit the Ray cluster's resources
         print(f"omni: config error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    return run_server(engine, server_args)
+    return run_server(async_omni, server_args)
 
 
 if __name__ == "__main__":

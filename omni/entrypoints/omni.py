@@ -37,8 +37,9 @@ class Omni:
         **overrides: Any,
     ) -> None:
         """The same arguments as AsyncOmni (config, model, variables, overrides)."""
-        self.engine = AsyncOmni(config, model=model, variables=variables, **overrides)
-        self.config = self.engine.config
+        # The AsyncOmni this wraps; its coroutines run on the loop thread started below.
+        self.async_omni = AsyncOmni(config, model=model, variables=variables, **overrides)
+        self.config = self.async_omni.config
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="omni-event-loop", daemon=True
@@ -47,7 +48,7 @@ class Omni:
 
     @property
     def prompt_processor(self) -> Any:
-        return self.engine.prompt_processor
+        return self.async_omni.prompt_processor
 
     @property
     def order(self) -> list[str]:
@@ -57,7 +58,7 @@ class Omni:
     @property
     def backend(self) -> Any:
         """The running StageBackend (its hosts or actors: for inspection and tests)."""
-        return self.engine._driver().backend
+        return self.async_omni._driver().backend
 
     # ---- public API ---------------------------------------------------------------------------
     def generate(
@@ -77,7 +78,7 @@ class Omni:
         progress = _progress(len(requests), use_tqdm)
 
         async def one(request: PromptInput) -> OmniOutput:
-            run = self.engine.run(request, params, stream_steps=False, stream=stream_audio)
+            run = self.async_omni.run(request, params, stream_steps=False, stream=stream_audio)
             outputs = [output async for output in run]
             progress.update(1)
             return outputs[-1]
@@ -115,7 +116,7 @@ class Omni:
         from omni.entrypoints.openai.errors import OpenAIError
         from omni.entrypoints.openai.prompts import chat_prompt
 
-        tokenizer = self.engine.prompt_processor.tokenizer
+        tokenizer = self.async_omni.prompt_processor.tokenizer
         if tokenizer is None:
             raise ValueError("this model has no tokenizer: chat needs one; use generate with ids")
         local_files = ServerArgs(model_name="", allowed_local_media_path=os.sep)
@@ -145,7 +146,9 @@ class Omni:
             seen: set[str] = set()
             audio_sent: dict[str, int] = {}  # stage -> samples already yielded as partials
             # Per-step snapshots carry the chunks (a snapshot per finished stage would not).
-            run = self.engine.run(request, params, stream_steps=stream_audio, stream=stream_audio)
+            run = self.async_omni.run(
+                request, params, stream_steps=stream_audio, stream=stream_audio
+            )
             async with contextlib.aclosing(run) as outputs:
                 async for output in outputs:
                     for name, result in output.stages.items():
@@ -179,15 +182,15 @@ class Omni:
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per-stage engine statistics (steps, prefix-cache queries and hits, output cache)."""
-        return self.engine.stats()
+        return self.async_omni.stats()
 
     def check_health(self) -> None:
         """Returns if every stage answers; raises RuntimeError naming a dead stage otherwise."""
-        self._call(self.engine.check_health())
+        self._call(self.async_omni.check_health())
 
     def shutdown(self) -> None:
         """Stop every stage (and a Ray instance this Omni started). Safe to call twice."""
-        self.engine.shutdown()
+        self.async_omni.shutdown()
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
@@ -202,7 +205,7 @@ class Omni:
     def _prepare(
         self, prompts: Any, sampling_params: StageParams
     ) -> tuple[list[PromptInput], dict[str, SamplingParams]]:
-        if self.engine.driver is None:
+        if self.async_omni.driver is None:
             raise RuntimeError("this Omni has been shut down")
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list | tuple) and prompts and isinstance(prompts[0], int)
@@ -212,8 +215,8 @@ class Omni:
             raise ValueError(
                 f"prompts must be a prompt or a non-empty list of prompts, got {prompts!r}"
             )
-        params = self.engine.stage_params(sampling_params)
-        return [self.engine.prepare(prompt) for prompt in prompts], params
+        params = self.async_omni.stage_params(sampling_params)
+        return [self.async_omni.prepare(prompt) for prompt in prompts], params
 
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on the loop thread and wait for it (Ctrl-C cancels it)."""

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, config: OmniConfig) -> int:
 
 
 def _prompt(omni: Any, args: argparse.Namespace) -> dict[str, Any]:
-    tokenizer = omni.engine.prompt_processor.tokenizer
+    tokenizer = omni.async_omni.prompt_processor.tokenizer
     if args.raw or tokenizer is None or not getattr(tokenizer, "chat_template", None):
         prompt: dict[str, Any] = {"prompt": args.prompt}
         if args.image:

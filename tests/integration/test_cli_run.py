@@ -56,7 +56,7 @@ def test_chat_template_by_default_raw_without(chat_model, capsys):
     templated = _run_json(capsys, "--model", chat_model, "--prompt", "hi")
     raw = _run_json(capsys, "--model", chat_model, "--prompt", "hi", "--raw")
     with Omni(model=chat_model, runtime={"backend": "local"}) as llm:
-        tokenizer = llm.engine.prompt_processor.tokenizer
+        tokenizer = llm.async_omni.prompt_processor.tokenizer
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
         )

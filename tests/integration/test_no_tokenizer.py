@@ -63,7 +63,7 @@ def test_token_id_prompts_equal_the_original_checkpoint(bare_dir, qwen2_dir):
         SamplingParams(max_tokens=6, temperature=0.8, top_k=20, seed=11, ignore_eos=True),
     ]
     with Omni(model=str(bare_dir), runtime={"backend": "local"}) as bare:
-        assert bare.engine.prompt_processor.tokenizer is None
+        assert bare.async_omni.prompt_processor.tokenizer is None
         got = [bare.generate(PROMPTS, p, use_tqdm=False) for p in params]
         with pytest.raises(ValueError) as info:
             bare.generate(["What is the capital of France?"], use_tqdm=False)

@@ -74,7 +74,7 @@ def test_leaving_a_stream_early_aborts_the_rest(local_omni):
         if not any(s["num_requests"] or s["kv_blocks_in_use"] for s in stats.values()):
             break
         time.sleep(0.1)
-    assert local_omni.engine.num_requests == 0
+    assert local_omni.async_omni.num_requests == 0
     assert all(s["num_requests"] == 0 for s in stats.values())
     assert all(s["kv_blocks_in_use"] == 0 for s in stats.values())
 

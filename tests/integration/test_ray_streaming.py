@@ -29,7 +29,7 @@ def test_streaming_on_ray_equals_the_whole_sequence_path(omni_dir):
     with Omni(model=omni_dir, runtime={"backend": "ray", "num_cpus": 2}, **CHUNKS) as omni:
 
         async def stream():
-            return [o async for o in omni.engine.generate(PROMPT, PARAMS, stream_audio=True)]
+            return [o async for o in omni.async_omni.generate(PROMPT, PARAMS, stream_audio=True)]
 
         snapshots = omni._call(stream())
         stats = omni.stats()

@@ -113,7 +113,7 @@ def _messages(text: str) -> list[dict]:
 
 
 def _reference(reference, messages, **extra):
-    prompt = chat_prompt(reference.engine.prompt_processor.tokenizer, messages) | extra
+    prompt = chat_prompt(reference.async_omni.prompt_processor.tokenizer, messages) | extra
     (out,) = reference.generate([prompt], PARAMS, use_tqdm=False)
     assert out.error is None
     return out
@@ -200,7 +200,7 @@ def test_image_and_audio_inputs(client, dirs, reference):
 def test_32_concurrent_clients(client, reference):
     prompts = [f"question {i}: " + "tell me more " * (i % 5 + 1) for i in range(32)]
     cheap = [PARAMS[0], SamplingParams(max_tokens=1), SamplingParams(max_tokens=1)]
-    tok = reference.engine.prompt_processor.tokenizer
+    tok = reference.async_omni.prompt_processor.tokenizer
     refs = reference.generate(
         [chat_prompt(tok, _messages(p)) for p in prompts], cheap, use_tqdm=False
     )
@@ -221,7 +221,7 @@ def test_32_concurrent_clients(client, reference):
 def test_max_tokens_beyond_the_context_is_a_400(client, reference):
     """As OpenAI and vLLM: a request that cannot fit the thinker's context is refused, naming
     max_tokens, the prompt length and the limit, not silently cut (the Python API caps)."""
-    limit = reference.engine.config.stage("thinker").engine.max_model_len
+    limit = reference.async_omni.config.stage("thinker").engine.max_model_len
     chat = dict(model=OMNI_NAME, messages=_messages("how long can you go on?"))
     text = dict(model=OMNI_NAME, prompt="once upon a time")
     num_chat = client.chat.completions.create(**chat, max_tokens=1).usage.prompt_tokens

@@ -102,7 +102,7 @@ def test_streamed_audio_joins_to_the_streaming_waveform(running):
     client, reference = running
     messages = _messages("say something about trees")
     events = _events(client, messages, THINKER, TALKER_CODES)
-    prompt = chat_prompt(reference.engine.prompt_processor.tokenizer, messages)
+    prompt = chat_prompt(reference.async_omni.prompt_processor.tokenizer, messages)
     params = [
         SamplingParams(max_tokens=THINKER, ignore_eos=True),
         SamplingParams(max_tokens=TALKER_CODES, ignore_eos=True, stop_token_ids=(8292, 8294)),

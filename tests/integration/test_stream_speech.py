@@ -53,7 +53,7 @@ def _stream(llm: Omni, **kwargs) -> list:
 
 
 def test_stream_yields_new_audio_then_the_whole_waveform(omni):
-    audio_stage = omni.engine.audio_stage
+    audio_stage = omni.async_omni.audio_stage
     results = _stream(omni)
     pieces = [r for r in results if not r.finished]
     finished = [r for r in results if r.finished]
@@ -77,7 +77,7 @@ def test_stream_yields_new_audio_then_the_whole_waveform(omni):
 def test_stream_without_audio_streaming_is_the_exact_path(omni):
     results = _stream(omni, stream_audio=False)
     assert all(r.finished for r in results)
-    assert [r.stage for r in results] == ["thinker", "talker", omni.engine.audio_stage]
+    assert [r.stage for r in results] == ["thinker", "talker", omni.async_omni.audio_stage]
     (exact,) = omni.generate({"prompt": PROMPT}, PARAMS, use_tqdm=False)
     assert torch.equal(results[-1].audio, exact.final.audio)
 
@@ -87,7 +87,7 @@ def test_leaving_a_stream_at_the_first_audio_aborts_it(omni):
         if not result.finished:
             break
     deadline = time.monotonic() + 10
-    while omni.engine.num_requests:
+    while omni.async_omni.num_requests:
         assert time.monotonic() < deadline, "the abandoned request is still running"
         time.sleep(0.05)
 

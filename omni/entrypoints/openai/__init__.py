@@ -1,7 +1,7 @@
 """`omni serve`: an OpenAI-compatible HTTP server on top of AsyncOmni.
 
-    build_app(engine, ServerArgs(...))  -> a FastAPI app (tests and embedding)
-    run_server(engine, ServerArgs(...)) -> serves an AsyncOmni until SIGINT/SIGTERM
+    build_app(async_omni, ServerArgs(...))  -> a FastAPI app (tests and embedding)
+    run_server(async_omni, ServerArgs(...)) -> serves an AsyncOmni until SIGINT/SIGTERM
 
 Modules by concern: `protocol` (request models), `errors` (every exception -> OpenAI's error
 body), `media` (image/audio parts -> prompt items, with the local/remote media policy),

@@ -1,5 +1,5 @@
-"""build_app(engine, args): the FastAPI app. Routes, bearer-key auth on /v1, the body size limit,
-strict JSON parsing into the protocol models, and every error in OpenAI's shape."""
+"""build_app(async_omni, args): the FastAPI app. Routes, bearer-key auth on /v1, the body size
+limit, strict JSON parsing into the protocol models, and every error in OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ from omni.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRe
 M = TypeVar("M", bound=BaseModel)
 
 
-def build_app(engine: Any, args: ServerArgs) -> FastAPI:
+def build_app(async_omni: Any, args: ServerArgs) -> FastAPI:
     app = FastAPI(title="omni", docs_url=None, redoc_url=None, openapi_url=None)
-    ctx = Context(engine, args, ServerMetrics(engine))
+    ctx = Context(async_omni, args, ServerMetrics(async_omni))
     app.state.omni = ctx
 
     @app.exception_handler(OpenAIError)
@@ -53,7 +53,7 @@ def build_app(engine: Any, args: ServerArgs) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         try:
-            await engine.check_health()
+            await async_omni.check_health()
         except RuntimeError as e:
             return OpenAIError(503, f"unhealthy: {e}", code="stage_unavailable").response()
         return JSONResponse({"status": "ok"})

@@ -69,7 +69,7 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
             )
         speaker = ctx.voice(body.audio.voice, "audio.voice")
     plan = sampling.plan(
-        ctx.engine,
+        ctx.async_omni,
         text_stage,
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,
@@ -79,17 +79,17 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         stage_sampling=body.stage_sampling,
     )
     prompt = await asyncio.to_thread(
-        chat_prompt, ctx.engine.prompt_processor.tokenizer, body.messages, ctx.args
+        chat_prompt, ctx.async_omni.prompt_processor.tokenizer, body.messages, ctx.args
     )
     if body.cache_salt is not None:
         prompt["cache_salt"] = body.cache_salt
     if speaker is not None:
         prompt["speaker"] = speaker
     request_id = new_id("chatcmpl")
-    prepared = await streaming.prepare(ctx.engine, prompt, request_id)
+    prepared = await streaming.prepare(ctx.async_omni, prompt, request_id)
     limit_param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     sampling.check_context(
-        ctx.engine,
+        ctx.async_omni,
         text_stage,
         prepared,
         body.max_completion_tokens or body.max_tokens,
@@ -99,7 +99,7 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
     timer = ctx.metrics.timer(ENDPOINT)
     job = _Job(ctx, body, request_id, text_stage, plan, want_audio)
     # Streamed audio takes the streaming path; a non-streamed response keeps the exact one.
-    outputs = ctx.engine.run(
+    outputs = ctx.async_omni.run(
         prepared,
         plan.params,
         final_stage=final_stage,
@@ -163,7 +163,7 @@ class _Job:
                     "logprobs": None,
                 }
             ],
-            "usage": streaming.usage(self.ctx.engine, out, self.text_stage),
+            "usage": streaming.usage(self.ctx.async_omni, out, self.text_stage),
         }
 
     def _chunk(
@@ -217,7 +217,7 @@ class _Job:
             yield self._chunk({}, streaming.finish_reason(out, self.text_stage))
             options = self.body.stream_options
             if options is not None and options.include_usage:
-                usage = streaming.usage(self.ctx.engine, out, self.text_stage)
+                usage = streaming.usage(self.ctx.async_omni, out, self.text_stage)
                 yield self._chunk(None, usage=usage)
             yield streaming.DONE
         finally:
@@ -234,7 +234,7 @@ class _Job:
         """The audio stage's waveform so far (all of it once finished); None without audio."""
         if not self.want_audio or out.error is not None:
             return None
-        result = out.stages.get(self.ctx.engine.audio_stage)
+        result = out.stages.get(self.ctx.async_omni.audio_stage)
         return None if result is None else result.audio
 
     def _audio_chunks(self, new_samples: Any) -> list[bytes]:

@@ -54,7 +54,7 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
             raise bad_request(f"{name}: {value!r} is not supported", name, "unsupported_value")
     text_stage = ctx.text_stage()
     plan = sampling.plan(
-        ctx.engine,
+        ctx.async_omni,
         text_stage,
         max_tokens=body.max_tokens,
         temperature=body.temperature,
@@ -64,12 +64,12 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         stage_sampling=body.stage_sampling,
     )
     request_id = new_id("cmpl")
-    prepared = await streaming.prepare(ctx.engine, _prompt(body), request_id)
-    sampling.check_context(ctx.engine, text_stage, prepared, body.max_tokens, "max_tokens")
+    prepared = await streaming.prepare(ctx.async_omni, _prompt(body), request_id)
+    sampling.check_context(ctx.async_omni, text_stage, prepared, body.max_tokens, "max_tokens")
     view = streaming.TextView(text_stage, plan.stop_strings)
     timer = ctx.metrics.timer(ENDPOINT)
     created = int(time.time())
-    outputs = ctx.engine.run(
+    outputs = ctx.async_omni.run(
         prepared, plan.params, final_stage=text_stage, stream_steps=bool(body.stream)
     )
 
@@ -103,7 +103,7 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
             ok = True
             yield streaming.sse(chunk("", streaming.finish_reason(out, text_stage)))
             if body.stream_options is not None and body.stream_options.include_usage:
-                usage = streaming.usage(ctx.engine, out, text_stage)
+                usage = streaming.usage(ctx.async_omni, out, text_stage)
                 yield streaming.sse({**chunk("", None), "choices": [], "usage": usage})
             yield streaming.DONE
         finally:
@@ -117,5 +117,5 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
     except streaming.ClientGone:
         return Response(status_code=499)
     response = chunk(view.text(out), streaming.finish_reason(out, text_stage))
-    response["usage"] = streaming.usage(ctx.engine, out, text_stage)
+    response["usage"] = streaming.usage(ctx.async_omni, out, text_stage)
     return JSONResponse(response)

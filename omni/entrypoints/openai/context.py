@@ -1,4 +1,4 @@
-"""What every endpoint needs: the engine, the server's settings and metrics, and the checks
+"""What every endpoint needs: the AsyncOmni, the server's settings and metrics, and the checks
 that depend on them (model name, voices, audio)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from omni.entrypoints.openai.protocol import VoiceId
 
 @dataclass
 class Context:
-    engine: Any  # AsyncOmni (or anything with its interface)
+    async_omni: Any  # AsyncOmni (or anything with its interface)
     args: ServerArgs
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
@@ -31,13 +31,13 @@ class Context:
             )
 
     def text_stage(self, param: str = "model") -> str:
-        stage = self.engine.text_stage
+        stage = self.async_omni.text_stage
         if stage is None:
             raise bad_request(f"{self.args.model_name!r} produces no text", param, "unsupported")
         return str(stage)
 
     def require_audio(self, param: str) -> None:
-        if self.engine.audio_stage is None:
+        if self.async_omni.audio_stage is None:
             raise bad_request(
                 f"{self.args.model_name!r} does not produce audio (its pipeline has no vocoder "
                 "stage)",
@@ -47,7 +47,7 @@ class Context:
 
     def voice(self, voice: str | VoiceId | None, param: str) -> str | None:
         """The speaker for a prompt: None for the model's default voice."""
-        voices = list(self.engine.voices)
+        voices = list(self.async_omni.voices)
         name = voice.id if isinstance(voice, VoiceId) else voice
         if name is None or (not voices and name):
             return None  # one-voice models: any name is that voice

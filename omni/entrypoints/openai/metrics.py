@@ -1,10 +1,10 @@
 """Prometheus metrics of one server (its own registry, so two apps in a process never mix).
 
-Counters: requests and errors by endpoint. Gauges: requests running in the engine (read at
+Counters: requests and errors by endpoint. Gauges: requests running in the pipeline (read at
 scrape), requests the server holds that have no output yet (waiting), and per stage the engine's
 prefix-cache queried/hit tokens, output-cache hit rows, requests and KV blocks in use (refreshed
-from `engine.stats()` at every scrape). Histograms: time to first token (streamed requests: the
-first text token), time to first audio, end-to-end latency, by endpoint.
+from `async_omni.stats()` at every scrape). Histograms: time to first token (streamed requests:
+the first text token), time to first audio, end-to-end latency, by endpoint.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ _STAGE_GAUGES = {
 
 
 class ServerMetrics:
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
+    def __init__(self, async_omni: Any) -> None:
+        self.async_omni = async_omni
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -73,7 +73,7 @@ class ServerMetrics:
 
     def _num_running(self) -> float:
         try:
-            return float(self.engine.num_requests)
+            return float(self.async_omni.num_requests)
         except RuntimeError:  # shut down
             return 0.0
 
@@ -82,7 +82,7 @@ class ServerMetrics:
 
     async def render(self) -> bytes:
         try:
-            stats = await asyncio.to_thread(self.engine.stats)
+            stats = await asyncio.to_thread(self.async_omni.stats)
         except RuntimeError:
             stats = {}
         for stage, values in stats.items():

@@ -35,7 +35,7 @@ class Plan:
 
 
 def plan(
-    engine: Any,
+    async_omni: Any,
     text_stage: str,
     *,
     max_tokens: int | None = None,
@@ -46,7 +46,7 @@ def plan(
     stage_sampling: dict[str, dict[str, Any]] | None = None,
     min_text_tokens: int | None = None,
 ) -> Plan:
-    params = {s.name: s.sampling for s in engine.config.stages}
+    params = {s.name: s.sampling for s in async_omni.config.stages}
     for name, fields in (stage_sampling or {}).items():
         if name not in params:
             raise bad_request(
@@ -54,7 +54,7 @@ def plan(
                 f"stage_sampling.{name}",
             )
         params[name] = _replace(params[name], fields, f"stage_sampling.{name}")
-    stop_strings = _stop_tokens(engine, stop)
+    stop_strings = _stop_tokens(async_omni, stop)
     text: dict[str, Any] = {
         k: v
         for k, v in (
@@ -75,12 +75,12 @@ def plan(
 
 
 def check_context(
-    engine: Any, text_stage: str, prompt: PromptInput, max_tokens: int | None, param: str
+    async_omni: Any, text_stage: str, prompt: PromptInput, max_tokens: int | None, param: str
 ) -> None:
     """A 400 when the prompt and the requested max_tokens (the request's `param`, None when it
     sets none: the config's default is capped, not refused) overflow max_model_len of the text
     stage, if that stage takes the request's prompt (a root stage: the thinker)."""
-    stage = engine.config.stage(text_stage)
+    stage = async_omni.config.stage(text_stage)
     limit = stage.engine.max_model_len
     if max_tokens is None or stage.inputs or limit is None:
         return
@@ -116,7 +116,7 @@ def _replace(base: SamplingParams, fields: Any, where: str | None) -> SamplingPa
         raise bad_request(f"{param}: {e}" if param else str(e), param) from None
 
 
-def _stop_tokens(engine: Any, stop: str | list[str] | None) -> dict[int, str]:
+def _stop_tokens(async_omni: Any, stop: str | list[str] | None) -> dict[int, str]:
     if stop is None:
         return {}
     strings = [stop] if isinstance(stop, str) else list(stop)
@@ -126,7 +126,7 @@ def _stop_tokens(engine: Any, stop: str | list[str] | None) -> dict[int, str]:
     for s in strings:
         if not s:
             raise bad_request("stop: an empty stop sequence", "stop")
-        ids = engine.tokenize(s)
+        ids = async_omni.tokenize(s)
         if len(ids) != 1:
             raise bad_request(
                 f"stop: {s!r} is {len(ids)} tokens; omni stops on single tokens, so each stop "

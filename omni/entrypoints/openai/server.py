@@ -41,10 +41,10 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-def run_server(engine: Any, args: ServerArgs) -> int:
-    """Serve `engine` (an AsyncOmni) until a signal; the engine is shut down on the way out."""
+def run_server(async_omni: Any, args: ServerArgs) -> int:
+    """Serve `async_omni` (an AsyncOmni) until a signal; it is shut down on the way out."""
     try:
-        app = build_app(engine, args)
+        app = build_app(async_omni, args)
         config = uvicorn.Config(
             app,
             host=args.host,
@@ -57,7 +57,7 @@ def run_server(engine: Any, args: ServerArgs) -> int:
         server = _Server(config)
         return asyncio.run(_serve(server, args))
     finally:
-        engine.shutdown()
+        async_omni.shutdown()
 
 
 async def _serve(server: _Server, args: ServerArgs) -> int:

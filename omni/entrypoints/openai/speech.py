@@ -51,16 +51,18 @@ async def create(ctx: Context, request: Request, body: SpeechRequest) -> Respons
     text_stage = ctx.text_stage()
     system = SPEECH_INSTRUCTION + (f" {body.instructions}" if body.instructions else "")
     messages = [{"role": "system", "content": system}, {"role": "user", "content": body.input}]
-    prompt = chat_prompt(ctx.engine.prompt_processor.tokenizer, messages, ctx.args)
+    prompt = chat_prompt(ctx.async_omni.prompt_processor.tokenizer, messages, ctx.args)
     if speaker is not None:
         prompt["speaker"] = speaker
     plan = sampling.plan(
-        ctx.engine, text_stage, min_text_tokens=2 * len(ctx.engine.tokenize(body.input)) + 16
+        ctx.async_omni,
+        text_stage,
+        min_text_tokens=2 * len(ctx.async_omni.tokenize(body.input)) + 16,
     )
-    prepared = await streaming.prepare(ctx.engine, prompt, new_id("speech"))
+    prepared = await streaming.prepare(ctx.async_omni, prompt, new_id("speech"))
     timer = ctx.metrics.timer(ENDPOINT)
     live = body.response_format == "pcm" and body.stream_format in ("sse", "audio")
-    outputs = ctx.engine.run(prepared, plan.params, stream_steps=live, stream=live)
+    outputs = ctx.async_omni.run(prepared, plan.params, stream_steps=live, stream=live)
     media_type = FORMATS[body.response_format]
     if live:
         return StreamingResponse(
@@ -108,7 +110,7 @@ async def create(ctx: Context, request: Request, body: SpeechRequest) -> Respons
 async def _live(ctx: Context, outputs: Any, timer: Any, *, sse: bool) -> AsyncIterator[bytes]:
     """pcm bytes of each new piece of the waveform as the vocoder decodes it (as sse events, or
     raw). A failure after the status was sent ends the stream (an sse `error` event)."""
-    audio_stage = ctx.engine.audio_stage
+    audio_stage = ctx.async_omni.audio_stage
     samples_sent = 0
     last = None
     try:
@@ -147,11 +149,11 @@ async def _live(ctx: Context, outputs: Any, timer: Any, *, sse: bool) -> AsyncIt
 
 
 def _usage(ctx: Context, out: OmniOutput) -> dict[str, Any]:
-    root = out.stages.get(ctx.engine.config.root_stages[0].name)
+    root = out.stages.get(ctx.async_omni.config.root_stages[0].name)
     inputs = root.num_prompt_tokens if root is not None else 0
     outputs = sum(len(r.token_ids) for r in out.stages.values() if r.stage != root_name(ctx))
     return {"input_tokens": inputs, "output_tokens": outputs, "total_tokens": inputs + outputs}
 
 
 def root_name(ctx: Context) -> str:
-    return str(ctx.engine.config.root_stages[0].name)
+    return str(ctx.async_omni.config.root_stages[0].name)

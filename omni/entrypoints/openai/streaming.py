@@ -2,9 +2,9 @@
 watching for the client to leave, the visible text of the text stage (stop strings removed) and
 its deltas, finish reasons, usage, and SSE framing.
 
-Aborts: a request runs inside `engine.run(...)`, always closed by `contextlib.aclosing`; closing
-it early (the client left: the streaming response is cancelled, or `until_disconnected` cancels
-a non-streaming one) aborts the request in every stage and frees its blocks.
+Aborts: a request runs inside `async_omni.run(...)`, always closed by `contextlib.aclosing`;
+closing it early (the client left: the streaming response is cancelled, or `until_disconnected`
+cancels a non-streaming one) aborts the request in every stage and frees its blocks.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ class ClientGone(Exception):
     """The client disconnected before the response was ready."""
 
 
-async def prepare(engine: Any, prompt: Any, request_id: str) -> PromptInput:
+async def prepare(async_omni: Any, prompt: Any, request_id: str) -> PromptInput:
     """Validate and tokenize (and preprocess media) on a worker thread: ValueError -> 400."""
     try:
-        return await asyncio.to_thread(engine.prepare, prompt, request_id)
+        return await asyncio.to_thread(async_omni.prepare, prompt, request_id)
     except ValueError as e:
         raise from_exception(e) from None
 
@@ -137,8 +137,8 @@ def finish_reason(out: OmniOutput, stage: str) -> str:
     return FINISH_REASONS.get(r.finish_reason or "", "stop") if r is not None else "stop"
 
 
-def usage(engine: Any, out: OmniOutput, text_stage: str) -> dict[str, Any]:
-    root = out.stages.get(engine.config.root_stages[0].name)
+def usage(async_omni: Any, out: OmniOutput, text_stage: str) -> dict[str, Any]:
+    root = out.stages.get(async_omni.config.root_stages[0].name)
     text = out.stages.get(text_stage)
     prompt = root.num_prompt_tokens if root is not None else 0
     completion = len(text.token_ids) if text is not None else 0
