@@ -123,7 +123,7 @@ def run_ours(omni: Omni, requests, params) -> dict:
     first_audio = None
     last: dict[str, float] = {}
     start = time.perf_counter()
-    for r in omni.stream(prompts, params):
+    for r in omni.stream(prompts, params, stream_audio=True):
         if r.error:
             raise SystemExit(f"{r.request_id} failed in {r.stage}: {r.error}")
         results.setdefault(r.request_id, {})[r.stage] = r

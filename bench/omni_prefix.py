@@ -45,7 +45,7 @@ def ttft_pass(omni: Omni, prompts: list[str], args) -> list[dict]:
     rows = []
     for prompt in prompts:
         start = time.perf_counter()
-        stream = omni.stream([prompt], stage_params(args, thinker_tokens=1))
+        stream = omni.stream([prompt], stage_params(args, thinker_tokens=1), stream_audio=True)
         for r in stream:
             if r.stage == "thinker":
                 wall = time.perf_counter() - start
@@ -60,7 +60,7 @@ def full_pass(omni: Omni, prompts: list[str], args) -> list[dict]:
     for prompt in prompts:
         row: dict = {}
         start = time.perf_counter()
-        for r in omni.stream([prompt], stage_params(args)):
+        for r in omni.stream([prompt], stage_params(args), stream_audio=True):
             if r.error:
                 raise SystemExit(f"{r.request_id} failed in {r.stage}: {r.error}")
             row[r.stage] = time.perf_counter() - start

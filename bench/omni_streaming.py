@@ -36,12 +36,12 @@ def speech_args(args) -> argparse.Namespace:
     )
 
 
-async def one_request(omni: Omni, prompt: dict, params, stream: bool, t0: float) -> dict:
+async def one_request(omni: Omni, prompt: dict, params, stream_audio: bool, t0: float) -> dict:
     """One request through AsyncOmni.generate; times from t0 (the launch of its level)."""
     audio_stage = omni.async_omni.audio_stage
     first = None
     last = None
-    async for out in omni.async_omni.generate(prompt, params, stream_audio=stream):
+    async for out in omni.async_omni.generate(prompt, params, stream_audio=stream_audio):
         audio = out.final.audio
         if first is None and out.final.stage == audio_stage and audio is not None and audio.numel():
             first = time.perf_counter() - t0
@@ -78,7 +78,7 @@ def stage_counters(omni: Omni) -> dict[str, float]:
     return out
 
 
-def run_level(omni: Omni, requests, params, stream: bool, concurrency: int) -> dict:
+def run_level(omni: Omni, requests, params, stream_audio: bool, concurrency: int) -> dict:
     """Rounds of `concurrency` requests launched at once, one round after another."""
     rows: list[dict] = []
     wall = 0.0
@@ -90,7 +90,9 @@ def run_level(omni: Omni, requests, params, stream: bool, concurrency: int) -> d
         async def launch(batch=batch) -> list[dict]:
             t0 = time.perf_counter()
             return list(
-                await asyncio.gather(*(one_request(omni, p, params, stream, t0) for p in batch))
+                await asyncio.gather(
+                    *(one_request(omni, p, params, stream_audio, t0) for p in batch)
+                )
             )
 
         t0 = time.perf_counter()
@@ -130,13 +132,15 @@ def concurrency_section(model_dir: str, args) -> None:
     with make_omni(model_dir, args, **extra) as omni:
         startup = time.perf_counter() - t0
         config = {s.name: s for s in omni.config.stages}
-        for stream in (False, True):  # warm-up: both paths, two requests at once
-            run_level(omni, mixed_requests(2, offset), params, stream, 2)
+        for stream_audio in (False, True):  # warm-up: both paths, two requests at once
+            run_level(omni, mixed_requests(2, offset), params, stream_audio, 2)
             offset += 2
-        for stream in (False, True):
+        for stream_audio in (False, True):
             for c in levels:
                 n = max(c, -(-args.speech_samples // c) * c)
-                results[c, stream] = run_level(omni, mixed_requests(n, offset), params, stream, c)
+                results[c, stream_audio] = run_level(
+                    omni, mixed_requests(n, offset), params, stream_audio, c
+                )
                 offset += n
 
     if args.backend != "local":  # our stage actors are other processes: no measure of others
@@ -203,12 +207,12 @@ def concurrency_section(model_dir: str, args) -> None:
         )
 
     rows = [row("HF 1-by-1", "-", hf, hf_rps, "-", hf_run["others"])]
-    for stream in (False, True):
+    for stream_audio in (False, True):
         for c in levels:
-            r = results[c, stream]
+            r = results[c, stream_audio]
             rps = len(r["rows"]) / r["wall"]
             vocoder = f"{r['vocoder_rtf']:.2f}"
-            label = "on" if stream else "off"
+            label = "on" if stream_audio else "off"
             rows.append(row(str(c), label, r["rows"], rps, vocoder, r["others"]))
     table(header, rows)
     gaps = [abs(r["ttfa"] - r["engine_ttfa"]) for res in results.values() for r in res["rows"]]
@@ -239,7 +243,7 @@ def concurrency_section(model_dir: str, args) -> None:
         "wall s",
     )
     where = []
-    for (c, stream), res in results.items():
+    for (c, stream_audio), res in results.items():
         counters, got = res["counters"], res["rows"]
 
         def p50_99(key: str, got=got) -> str:
@@ -247,11 +251,11 @@ def concurrency_section(model_dir: str, args) -> None:
             return f"{pct(values, 50):.2f} / {pct(values, 99):.2f}"
 
         steps = counters.get("token2wav steps", 0.0)
-        items = counters.get("token2wav chunks", 0.0) if stream else len(got)
+        items = counters.get("token2wav chunks", 0.0) if stream_audio else len(got)
         where.append(
             (
                 str(c),
-                "on" if stream else "off",
+                "on" if stream_audio else "off",
                 p50_99("thinker first_token_s"),
                 p50_99("thinker finished_s"),
                 p50_99("talker first_token_s"),
@@ -268,13 +272,13 @@ def concurrency_section(model_dir: str, args) -> None:
 
     low, high = min(levels), max(levels)
     print(f"\ntargets (C={low} stands for 1, C={high} for 16):")
-    for stream in (True, False):
-        lo, hi = results[low, stream], results[high, stream]
+    for stream_audio in (True, False):
+        lo, hi = results[low, stream_audio], results[high, stream_audio]
         ttfa_x = hf_ttfa / pct([r["ttfa"] for r in lo["rows"]], 50)
         rps_x = len(hi["rows"]) / hi["wall"] / hf_rps
         p99_lo = pct([r["ttfa"] for r in lo["rows"]], 99)
         p99_hi = pct([r["ttfa"] for r in hi["rows"]], 99)
-        name = "stream on " if stream else "stream off"
+        name = "stream on " if stream_audio else "stream off"
         # Each check with the other_cores of the runs it compares.
         checks = (
             (f"first audio at C={low} vs transformers", ttfa_x, ">= 3x sooner", ttfa_x >= 3,

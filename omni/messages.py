@@ -52,10 +52,15 @@ class StageInput:
     """What besides token ids determines the inputs at generated positions (see Request)."""
     input_complete: bool = True
     """False: the upstream stage is still generating this input; `InputDelta`s bring the rest
-    and the engine feeds only the positions whose inputs have arrived."""
-    stream_outputs: bool = False
-    """Report each step's new per-token output rows in StageUpdate.tensors (a streaming
-    consumer needs them before the request finishes)."""
+    and the engine feeds only the positions whose inputs have arrived. The one name, in every
+    message and engine, for "a stage takes input while its upstream still generates" (a stage
+    with `stream.enabled`, on a stream_audio request); named for the state, since the engine
+    flips it once the last piece is in. Default True: input that arrives whole."""
+    step_rows: bool = False
+    """Report each step's new per-token output rows in StageUpdate.tensors, so a consumer taking
+    this stage's output as it is generated (input_complete=False there) has them before this
+    request finishes. The one name for "an engine returns per-step rows"; default False: rows
+    only in the finished result."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,11 @@ class RoutedInput:
     prompt: PromptInput
     """The original request, as the root stages got it (without large encoder inputs)."""
     sampling_params: SamplingParams
-    streaming: bool = False
-    """The upstream results are partial (finish_reason None): `RoutedDelta`s bring the rest."""
-    stream_outputs: bool = False
-    """As StageInput.stream_outputs (this stage has a streaming consumer that needs rows)."""
+    input_complete: bool = True
+    """False: the upstream results are partial (finish_reason None) and travel by value;
+    `RoutedDelta`s bring the rest (StageInput.input_complete)."""
+    step_rows: bool = False
+    """As StageInput.step_rows (this stage has a consumer that takes its rows as they come)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,7 @@ class StageUpdate:
     new_token_ids: list[int]
     num_cached_tokens: int
     tensors: Mapping[str, Any] = field(default_factory=dict)
-    """New per-token output rows (stream_outputs requests): rows of the positions this step
+    """New per-token output rows (step_rows requests): rows of the positions this step
     computed, continuing those reported before."""
     audio: Any = None
     """A new waveform chunk (a streaming vocoder), continuing the chunks reported before."""

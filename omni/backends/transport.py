@@ -105,7 +105,7 @@ def pack_input(item: Item) -> Item:
         return dataclasses.replace(item, piece=pack_result(item.piece))
     prompt = dataclasses.replace(item.prompt, extras=pack(item.prompt.extras))
     upstream = item.upstream
-    if item.streaming:  # partial results by value (finished ones are object-store refs)
+    if not item.input_complete:  # partial results by value (finished ones are object-store refs)
         upstream = {k: pack_result(v) for k, v in upstream.items()}
     return dataclasses.replace(item, prompt=prompt, upstream=upstream)
 
@@ -117,7 +117,7 @@ def unpack_input(item: Item) -> Item:
         return dataclasses.replace(item, piece=unpack_result(item.piece))
     prompt = dataclasses.replace(item.prompt, extras=unpack(item.prompt.extras))
     upstream = item.upstream
-    if item.streaming:
+    if not item.input_complete:
         upstream = {k: unpack_result(v) for k, v in upstream.items()}
     return dataclasses.replace(item, prompt=prompt, upstream=upstream)
 

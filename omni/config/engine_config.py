@@ -116,12 +116,17 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class StreamConfig:
-    """How this stage takes a streaming request (stream_audio) while its upstream stage is still
-    generating it, and, for a generation stage, the chunks it decodes."""
+    """How this stage takes a streaming request (one with stream_audio, AsyncOmni.generate)
+    while its upstream stage is still generating it, and, for a generation stage, the chunks it
+    decodes. The YAML key is `stream:`, the stage's side of stream_audio: a setting of what the
+    stage may do, where a request's own choice is stream_audio and the resulting input state is
+    StageInput.input_complete."""
 
     enabled: bool = False
-    """Start a streaming request as soon as the upstream produced what the input processor
-    needs, and take the rest as it arrives; false: wait until the upstream has finished it."""
+    """Start a stream_audio request as soon as the upstream produced what the input processor
+    needs, and take the rest as it arrives (input_complete=False); false: wait until the
+    upstream has finished it. Off unless a stage's config turns it on (the shipped Qwen2.5-Omni
+    talker and token2wav do)."""
     first_chunk_size: int = 10
     """Input tokens (e.g. codec codes) in a request's first output chunk: small, for latency."""
     chunk_size: int = 50

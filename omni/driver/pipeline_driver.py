@@ -69,8 +69,8 @@ class PipelineDriver:
         sink: Sink,
         *,
         final_stage: str | None = None,
-        stream_steps: bool = True,
-        stream: bool = False,
+        step_snapshots: bool = True,
+        stream_audio: bool = False,
     ) -> None:
         with self._lock:
             self._check_running()
@@ -79,8 +79,8 @@ class PipelineDriver:
                 params,
                 sink,
                 final_stage=final_stage,
-                stream_steps=stream_steps,
-                stream=stream,
+                step_snapshots=step_snapshots,
+                stream_audio=stream_audio,
             )
 
     def abort(self, request_id: str, reason: str | None = None) -> bool:

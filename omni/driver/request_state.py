@@ -36,8 +36,9 @@ class RequestState:
     sink: Sink
     final: str
     """The stage whose result completes the request (the pipeline's final stage, or earlier)."""
-    stream_steps: bool = True
-    """Send a snapshot after every step that advanced it (else only when a stage finishes)."""
+    step_snapshots: bool = True
+    """Send a snapshot after every step that advanced it (else only when a stage finishes): the
+    one name for "the caller receives per-step snapshots" (AsyncOmni.run)."""
     inflight: set[str] = field(default_factory=set)
     payloads: dict[str, Any] = field(default_factory=dict)  # finished stage -> payload
     results: dict[str, StageResult] = field(default_factory=dict)  # finished, full
@@ -47,8 +48,9 @@ class RequestState:
     added: float = field(default_factory=time.monotonic)
     last_progress: float = field(default_factory=time.monotonic)
     first_token_s: dict[str, float] = field(default_factory=dict)  # stage -> since added
-    stream: bool = False
-    """Streaming edges start their consumer early and vocoders send audio in chunks."""
+    stream_audio: bool = False
+    """The streaming path (AsyncOmni.generate's stream_audio): streaming edges start their
+    consumer early and vocoders send audio in chunks."""
     rows: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # stage -> streamed rows
     streamed: dict[str, int] = field(default_factory=dict)  # consumer -> upstream tokens sent
     rows_streamed: dict[str, tuple[int, int]] = field(default_factory=dict)  # (parts, rows) sent

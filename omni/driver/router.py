@@ -69,13 +69,15 @@ class Router:
         sink: Sink,
         *,
         final_stage: str | None = None,
-        stream_steps: bool = True,
-        stream: bool = False,
+        step_snapshots: bool = True,
+        stream_audio: bool = False,
     ) -> None:
         """Start a request in the root stages it needs; final_stage ends it early (e.g. text
-        without speech: the stages after it never see it). stream: its streaming edges start
-        their consumers before the upstream has finished (stream_edges.py). A ValueError if its
-        id is live or final_stage is unknown, a RuntimeError if a stage it needs is dead."""
+        without speech: the stages after it never see it). stream_audio (AsyncOmni.generate's):
+        its streaming edges start their consumers before the upstream has finished
+        (stream_edges.py); step_snapshots (AsyncOmni.run's): a snapshot after every step. A
+        ValueError if its id is live or final_stage is unknown, a RuntimeError if a stage it
+        needs is dead."""
         user_id = prompt.request_id
         if user_id in self._live:
             raise ValueError(f"request_id {user_id!r} is already running")
@@ -94,7 +96,13 @@ class Router:
             self._recent.popitem(last=False)
         prompt = dataclasses.replace(prompt, request_id=request_id)
         tracked = RequestState(
-            prompt, user_id, params, sink, final, stream_steps=stream_steps, stream=stream
+            prompt,
+            user_id,
+            params,
+            sink,
+            final,
+            step_snapshots=step_snapshots,
+            stream_audio=stream_audio,
         )
         self.requests[request_id] = tracked
         self._live[user_id] = request_id
@@ -108,7 +116,7 @@ class Router:
                 tuple(prompt.mm_inputs),
                 prompt.cache_salt,
                 dict(prompt.extras),
-                stream_outputs=stream and self.streams.needs_rows(root.name, needed),
+                step_rows=stream_audio and self.streams.needs_rows(root.name, needed),
             )
             tracked.inflight.add(root.name)
             self.backend.submit(root.name, [stage_input])
@@ -140,7 +148,10 @@ class Router:
             if isinstance(event, StageDied):
                 self._stage_died(event)
             elif isinstance(event, StageUpdate):
-                if self._on_update(event, routed) and self.requests[event.request_id].stream_steps:
+                if (
+                    self._on_update(event, routed)
+                    and self.requests[event.request_id].step_snapshots
+                ):
                     advanced.add(event.request_id)
             elif self._on_finished(event, routed):
                 advanced.add(event.result.request_id)
@@ -188,7 +199,7 @@ class Router:
         if tracked is None or update.stage not in tracked.inflight:
             return False  # stale
         tracked.record_update(update)
-        if tracked.stream:
+        if tracked.stream_audio:
             self.streams.on_update(tracked, update, self._needed(tracked.final), routed)
         return True
 
@@ -210,7 +221,7 @@ class Router:
         if stage == tracked.final:
             return True
         needed = self._needed(tracked.final)
-        if tracked.stream:
+        if tracked.stream_audio:
             self.streams.on_finished(tracked, full, routed)
         for consumer in self.config.consumers(stage):
             if (

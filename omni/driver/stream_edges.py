@@ -1,12 +1,12 @@
 """StreamEdges: which edges of a streaming request start their consumer early, and what they send.
 
-A request added with stream=True runs every edge whose consumer has `stream.enabled` (and an input
-processor that can stream, omni/registry.py EDGE_STREAMING) as a stream: once the upstream stage
-has reported `min_upstream_tokens` tokens, the consumer gets a RoutedInput with the partial
-upstream result (streaming=True), and every later upstream report becomes a RoutedDelta piece, the
-last (finish_reason set) sent when the upstream finishes. Pieces carry the upstream's new tokens
-and, when the edge needs rows, its new per-token output rows; `offset` numbers them so the
-consumer's host applies them in order. Edges that do not stream route as before: once every
+A request added with stream_audio=True runs every edge whose consumer has `stream.enabled` (and
+an input processor that can stream, omni/registry.py EDGE_STREAMING) as a stream: once the
+upstream stage has reported `min_upstream_tokens` tokens, the consumer gets a RoutedInput with the
+partial upstream result (input_complete=False), and every later upstream report becomes a
+RoutedDelta piece, the last (finish_reason set) sent when the upstream finishes. Pieces carry the
+upstream's new tokens and, when the edge needs rows (the upstream runs with step_rows), its new
+per-token output rows; `offset` numbers them so the consumer's host applies them in order. Edges that do not stream route as before: once every
 input has finished.
 """
 
@@ -58,8 +58,8 @@ class StreamEdges:
                         {update.stage: partial},
                         tracked.routed_prompt(),
                         tracked.params[name],
-                        streaming=True,
-                        stream_outputs=self.needs_rows(name, needed),
+                        input_complete=False,
+                        step_rows=self.needs_rows(name, needed),
                     )
                 )
                 tracked.inflight.add(name)

@@ -2,7 +2,7 @@
 KV cache (block ids and versions) and the output cache (the rows at those blocks' slots).
 
 It decides which prefix-cache hits are usable (the scheduler's hit filter: a hit needs its rows
-too), marks the rows a step completed valid, hands a stream_outputs request the rows computed
+too), marks the rows a step completed valid, hands a step_rows request the rows computed
 since its last update, and gathers a finished request's rows. Without an output cache (the
 stage keeps no outputs) every hit is usable and requests carry no rows.
 """
@@ -32,7 +32,7 @@ class OutputRows:
         self.block_size = block_size
         self.outputs_cached = outputs_cached
         self._admitted_step: dict[str, int] = {}  # running request -> the step that admitted it
-        # stream_outputs requests -> output rows reported so far (StageUpdate.tensors)
+        # step_rows requests -> output rows reported so far (StageUpdate.tensors)
         self._rows_sent: dict[str, int] = {}
 
     def usable_hits(self, hit_block_ids: list[int], pending: set[int]) -> int:
@@ -48,8 +48,8 @@ class OutputRows:
             self.kv.uncache_block(block_id)
         return num_usable
 
-    def stream(self, request_id: str) -> None:
-        """Report the request's rows as they are computed (a stream_outputs request)."""
+    def report_step_rows(self, request_id: str) -> None:
+        """Report the request's rows as they are computed (a step_rows request)."""
         self._rows_sent[request_id] = 0
 
     def after_step(self, scheduler_output: SchedulerOutput, step: int) -> None:
@@ -75,7 +75,7 @@ class OutputRows:
         self.output_cache.mark_complete(completed, versions)
 
     def new_rows(self, request: Request) -> dict[str, torch.Tensor]:
-        """A stream_outputs request's rows computed since its last update. Rows sent stay sent:
+        """A step_rows request's rows computed since its last update. Rows sent stay sent:
         a recompute after preemption rewrites the same positions, never earlier ones again."""
         start = self._rows_sent.get(request.request_id)
         if start is None or self.output_cache is None:

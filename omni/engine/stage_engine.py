@@ -147,8 +147,8 @@ class StageEngine:
                 raise ValueError(f"request {request.request_id!r}: no input position has come")
         if stage_input.extras:
             self.runner.add_request_extras(request.request_id, stage_input.extras)
-        if stage_input.stream_outputs:
-            self.rows.stream(request.request_id)
+        if stage_input.step_rows:
+            self.rows.report_step_rows(request.request_id)
         self.scheduler.add_request(request)
         self._arrival[request.request_id] = time.perf_counter()
 

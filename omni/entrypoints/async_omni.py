@@ -1,7 +1,7 @@
-"""AsyncOmni: the engine every entry point uses. One always-on pipeline, any number of callers.
+"""AsyncOmni: the API every entry point uses. One always-on pipeline, any number of callers.
 
-    async with AsyncOmni(model="path/to/Qwen2.5-Omni") as engine:
-        async for out in engine.generate("Hello", SamplingParams(max_tokens=32)):
+    async with AsyncOmni(model="path/to/Qwen2.5-Omni") as async_omni:
+        async for out in async_omni.generate("Hello", SamplingParams(max_tokens=32)):
             print(out.final.text)  # grows after every engine step; out.finished on the last
 
 `generate` validates and tokenizes the prompt on the caller's thread, hands it to the pipeline's
@@ -62,17 +62,25 @@ class AsyncOmni:
         *,
         request_id: str | None = None,
         final_stage: str | None = None,
-        stream_audio: bool = True,
+        stream_audio: bool = False,
     ) -> AsyncIterator[OmniOutput]:
-        """Snapshots of one request as it advances; the last has `finished=True`. `final_stage`
-        ends the request at that stage (e.g. `engine.text_stage`: text without speech).
-        stream_audio (default): stages with `stream.enabled` start before their upstream has
-        finished and the vocoder decodes in chunks, so the final stage's `audio` grows snapshot
-        by snapshot (docs/streaming.md); False: the whole-sequence path, whose waveform equals
-        transformers' `generate`. Bad input raises ValueError before any work starts."""
+        """Snapshots of one request as it advances (after every engine step that advanced it);
+        the last has `finished=True`. `final_stage` ends the request at that stage (e.g.
+        `async_omni.text_stage`: text without speech). Bad input raises ValueError before any
+        work starts.
+
+        stream_audio: the caller receives audio as it is produced. True: the streaming path:
+        stages with `stream.enabled` start before their upstream has finished and the vocoder
+        decodes in chunks, so the audio stage's `audio` grows snapshot by snapshot
+        (docs/streaming.md). False (the default): the whole-sequence path, whose waveform
+        equals transformers' `generate`. It is the one name of this choice in every API
+        (`Omni.generate`, `Omni.stream`, `omni run --stream-audio`, the driver and router), with
+        the one default False: the default result is transformers' exactly, and the chunked
+        vocoder (within 1e-2 of it, docs/streaming.md) and its lower throughput are what a
+        caller who plays audio as it comes opts into."""
         request = self.prepare(prompt, request_id)
         params = self.stage_params(sampling_params)
-        run = self.run(request, params, final_stage=final_stage, stream=stream_audio)
+        run = self.run(request, params, final_stage=final_stage, stream_audio=stream_audio)
         # Closing this generator must close the inner one now (it aborts), not at its collection.
         async with contextlib.aclosing(run) as outputs:
             async for output in outputs:
@@ -84,20 +92,24 @@ class AsyncOmni:
         params: dict[str, SamplingParams],
         *,
         final_stage: str | None = None,
-        stream_steps: bool = True,
-        stream: bool = False,
+        step_snapshots: bool = True,
+        stream_audio: bool = False,
     ) -> AsyncGenerator[OmniOutput, None]:
-        """`generate` for a prepared request (see `prepare` and `stage_params`). Without
-        stream_steps a snapshot comes only when a stage finishes (no per-step text decoding);
-        stream: as generate's stream_audio."""
+        """`generate` for a prepared request (see `prepare` and `stage_params`); stream_audio as
+        generate's. step_snapshots: the caller receives a snapshot after every step that
+        advanced the request (True, as generate); False: only when a stage finishes (no
+        per-step text decoding), for callers that want only the end (`Omni.generate`, a
+        non-streamed server response). Named apart from stream_audio because it is a separate
+        choice: per-step text of the whole-sequence path, or streamed audio seen only at the
+        end, are both valid."""
         outputs = _RequestStream(asyncio.get_running_loop())
         self._driver().add(
             request,
             params,
             outputs.push,
             final_stage=final_stage,
-            stream_steps=stream_steps,
-            stream=stream,
+            step_snapshots=step_snapshots,
+            stream_audio=stream_audio,
         )
         try:
             while True:

@@ -2,7 +2,7 @@
 
     omni run [CONFIG] [--model DIR] --prompt TEXT [--image PATH ...] [--raw] [--json]
              [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--max-tokens N] [--output-wav PATH]
-             [--stream]
+             [--stream-audio]
     omni convert-gguf GGUF OUT_DIR [--dtype float32|bfloat16|float16]
     omni validate [CONFIG] [--model DIR] [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--num-gpus N]
     omni serve [CONFIG] [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
@@ -82,10 +82,10 @@ def _parser() -> argparse.ArgumentParser:
         "--output-wav", metavar="PATH", help="write the final stage's audio (16-bit PCM WAV)"
     )
     run.add_argument(
-        "--stream",
+        "--stream-audio",
         action="store_true",
-        help="streaming speech: write --output-wav as the audio chunks come; report the time "
-        "to first audio and the real-time factor",
+        help="the streaming path (AsyncOmni.generate's stream_audio): write --output-wav as the "
+        "audio chunks come; report the time to first audio and the real-time factor",
     )
 
     convert = commands.add_parser(

@@ -71,14 +71,17 @@ class Omni:
     ) -> list[OmniOutput]:
         """One OmniOutput per prompt, in prompt order. Every prompt is checked before any runs.
         A request that fails in some stage comes back with .error set (naming the request and
-        the stage); the others are unaffected. stream_audio=False (default): the whole-sequence
-        path, whose waveform equals transformers' `generate`; True: the streaming path (talker
-        started early, vocoder in chunks), for its timings (`first_audio_s`)."""
+        the stage); the others are unaffected. stream_audio as AsyncOmni.generate's (default
+        False: the whole-sequence path, whose waveform equals transformers' `generate`); True
+        runs the streaming path (talker started early, vocoder in chunks) for its timings
+        (`first_audio_s`): the outputs come only at the end either way."""
         requests, params = self._prepare(prompts, sampling_params)
         progress = _progress(len(requests), use_tqdm)
 
         async def one(request: PromptInput) -> OmniOutput:
-            run = self.async_omni.run(request, params, stream_steps=False, stream=stream_audio)
+            run = self.async_omni.run(
+                request, params, step_snapshots=False, stream_audio=stream_audio
+            )
             outputs = [output async for output in run]
             progress.update(1)
             return outputs[-1]
@@ -128,16 +131,16 @@ class Omni:
             raise ValueError(f"messages: {e}") from None
 
     def stream(
-        self, prompts: Any, sampling_params: StageParams = None, *, stream_audio: bool = True
+        self, prompts: Any, sampling_params: StageParams = None, *, stream_audio: bool = False
     ) -> Iterator[StageResult]:
         """Every stage's result of every request as soon as that stage finishes it (the final
         stage's result last for each request). Leaving the loop early aborts what is left.
 
-        stream_audio (default): the streaming path (AsyncOmni.generate's stream_audio), and the
-        audio comes as it is decoded: before an audio stage's finished result come partial
-        results of that stage (finish_reason None) whose `audio` is only the samples new since
-        the previous one. Joined in order, they are the finished result's whole `audio`, so a
-        player plays the partials and keeps the finished result for its timings. False: only
+        stream_audio as AsyncOmni.generate's. True: the streaming path, and the audio comes as
+        it is decoded: before an audio stage's finished result come partial results of that
+        stage (finish_reason None) whose `audio` is only the samples new since the previous
+        one. Joined in order, they are the finished result's whole `audio`, so a player plays
+        the partials and keeps the finished result for its timings. False (the default): only
         finished results, from the whole-sequence path (the waveform transformers produces)."""
         requests, params = self._prepare(prompts, sampling_params)
         results: queue.Queue[StageResult | None] = queue.Queue()
@@ -147,7 +150,7 @@ class Omni:
             audio_sent: dict[str, int] = {}  # stage -> samples already yielded as partials
             # Per-step snapshots carry the chunks (a snapshot per finished stage would not).
             run = self.async_omni.run(
-                request, params, stream_steps=stream_audio, stream=stream_audio
+                request, params, step_snapshots=stream_audio, stream_audio=stream_audio
             )
             async with contextlib.aclosing(run) as outputs:
                 async for output in outputs:

@@ -5,7 +5,7 @@ bare text often answers nothing at all. The answer is printed as plain text, the
 line: tokens, time to first token, tokens/s and the prompt tokens each stage took from its prefix
 cache.
 
-`--stream` runs the streaming path (`Omni.stream`): the talker starts before the thinker has
+`--stream-audio` runs the streaming path (`Omni.stream`): the talker starts before the thinker has
 finished, the vocoder decodes in chunks, and `--output-wav` grows chunk by chunk as they arrive
 (its header is patched after every write, so the file is a valid WAV at every moment). The
 summary then adds the audio chunks, the time to first audio and the real-time factor.
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, config: OmniConfig) -> int:
         with Omni(config) as omni:
             prompt = _prompt(omni, args)
             chunks = None
-            if args.stream:
+            if args.stream_audio:
                 output, chunks = _streamed(omni, prompt, args.output_wav)
             else:
                 (output,) = omni.generate([prompt], use_tqdm=False)

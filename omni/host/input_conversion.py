@@ -69,7 +69,7 @@ class InputConversion:
         if isinstance(item, StageInput):
             return item
         names = list(item.upstream)
-        if item.streaming:  # partial results travel by value, not as finished payloads
+        if not item.input_complete:  # partial results travel by value, not as finished payloads
             upstream = dict(item.upstream)
         else:
             resolved = self._resolve([item.upstream[n] for n in names])
@@ -86,7 +86,7 @@ class InputConversion:
                 f"input processor {processor_name!r} of stage {self.name!r} failed on request "
                 f"{item.request_id!r}: {type(e).__name__}: {e}"
             ) from e
-        if item.streaming:
+        if not item.input_complete:
             self._offsets[item.request_id] = len(next(iter(upstream.values())).token_ids)
         # The router owns the request id, the per-stage sampling and streaming; the processor
         # the rest.
@@ -94,8 +94,8 @@ class InputConversion:
             stage_input,
             request_id=item.request_id,
             sampling_params=item.sampling_params,
-            input_complete=not item.streaming,
-            stream_outputs=item.stream_outputs,
+            input_complete=item.input_complete,
+            step_rows=item.step_rows,
         )
 
     def started(self, request_id: str) -> bool:

@@ -168,7 +168,7 @@ def test_streaming_speech_on_cuda(omni_dir):
         PARAMS[2],
     ]
     with Omni(model=omni_dir, runtime={"backend": "local"}, **sampling, **devices) as omni:
-        results = list(omni.stream({"prompt": "tell me about the sea"}, params))
+        results = list(omni.stream({"prompt": "tell me about the sea"}, params, stream_audio=True))
     pieces = [r for r in results if not r.finished]
     whole = results[-1].audio
     assert len(pieces) > 1 and whole.device.type == "cpu"

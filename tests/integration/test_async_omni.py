@@ -89,7 +89,10 @@ async def _settled(engine: AsyncOmni, timeout_s: float = 15.0) -> dict:
 
 async def _concurrent(engine: AsyncOmni, prompts: list) -> list[list]:
     async def one(i: int, prompt) -> list:
-        return [out async for out in engine.generate(prompt, PARAMS, request_id=f"c{i}")]
+        return [
+            out
+            async for out in engine.generate(prompt, PARAMS, request_id=f"c{i}", stream_audio=True)
+        ]
 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
@@ -143,15 +146,19 @@ def test_cancel_and_early_exit_free_every_stage(omni_dir, sequential):
         async with AsyncOmni(model=omni_dir, **CPU) as engine:
 
             async def keep(i: int):
-                return [out async for out in engine.generate(prompts[i], PARAMS)][-1]
+                return [
+                    out async for out in engine.generate(prompts[i], PARAMS, stream_audio=True)
+                ][-1]
 
             async def leave_in_talker(i: int) -> None:
-                async for out in engine.generate(prompts[i], LONG):
+                async for out in engine.generate(prompts[i], LONG, stream_audio=True):
                     if len(out.stages.get("talker", out.final).token_ids) >= 3:
                         break  # leaving the loop aborts the request
 
             async def run_long(i: int, started: asyncio.Event):
-                async for out in engine.generate(prompts[i], LONG, request_id=f"long{i}"):
+                async for out in engine.generate(
+                    prompts[i], LONG, request_id=f"long{i}", stream_audio=True
+                ):
                     if "talker" in out.stages:
                         started.set()
                 return out
@@ -227,7 +234,9 @@ def test_text_only_requests_and_voices(omni_dir, sequential):
             voiced = {}
             for voice in engine.voices:
                 spoken = {"prompt": prompt, "speaker": voice}
-                voiced[voice] = [out async for out in engine.generate(spoken, PARAMS)][-1]
+                voiced[voice] = [
+                    out async for out in engine.generate(spoken, PARAMS, stream_audio=True)
+                ][-1]
             with pytest.raises(ValueError, match=r"speaker 'Bob' is not a voice.*'Chelsie'"):
                 async for _ in engine.generate({"prompt": prompt, "speaker": "Bob"}):
                     pass

@@ -1,7 +1,7 @@
 """Streaming speech through the synchronous API and the CLI (tiny Qwen2.5-Omni, local backend):
 `Omni.stream` yields the audio as it is decoded (new samples only, joining to the finished
 waveform), `Omni.generate` keeps the exact whole-sequence path unless asked, leaving a stream
-early aborts it, and `omni run --stream --output-wav` writes the WAV chunk by chunk.
+early aborts it, and `omni run --stream-audio --output-wav` writes the WAV chunk by chunk.
 
 The talker is given 96 codes (ignore_eos): with the vocoder's chunks of 10, then 50 codes, the
 waveform comes in three pieces, the first while the talker is still generating.
@@ -54,7 +54,7 @@ def _stream(llm: Omni, **kwargs) -> list:
 
 def test_stream_yields_new_audio_then_the_whole_waveform(omni):
     audio_stage = omni.async_omni.audio_stage
-    results = _stream(omni)
+    results = _stream(omni, stream_audio=True)
     pieces = [r for r in results if not r.finished]
     finished = [r for r in results if r.finished]
     assert [r.stage for r in finished] == ["thinker", "talker", audio_stage]
@@ -83,7 +83,7 @@ def test_stream_without_audio_streaming_is_the_exact_path(omni):
 
 
 def test_leaving_a_stream_at_the_first_audio_aborts_it(omni):
-    for result in omni.stream({"prompt": PROMPT}, PARAMS):
+    for result in omni.stream({"prompt": PROMPT}, PARAMS, stream_audio=True):
         if not result.finished:
             break
     deadline = time.monotonic() + 10
@@ -103,7 +103,7 @@ def test_run_stream_writes_the_wav_chunk_by_chunk(omni_dir, omni, tmp_path, caps
 
     monkeypatch.setattr(run_command._WavStream, "write", counting)
     path = tmp_path / "out" / "speech.wav"
-    argv = ["run", "--model", omni_dir, "--prompt", PROMPT, "--raw", "--stream"]
+    argv = ["run", "--model", omni_dir, "--prompt", PROMPT, "--raw", "--stream-audio"]
     argv += ["--output-wav", str(path), "--set", "runtime.backend=local"]
     assert main(argv + cli_sets(OVERRIDES)) == 0
     summary = capsys.readouterr().out.rstrip("\n").split("\n")[-1]

@@ -88,7 +88,10 @@ def test_streaming_speech_matches_transformers(omni_dir, reference, padded):
         spy = RowSpy(omni.backend.hosts["talker"].engine.model)
 
         async def stream():
-            return [o async for o in omni.async_omni.generate({"prompt": TEXT}, PARAMS)]
+            return [
+                o
+                async for o in omni.async_omni.generate({"prompt": TEXT}, PARAMS, stream_audio=True)
+            ]
 
         rounds = [omni._call(stream()) for _ in range(2)]
         rows = {k: torch.cat(v) for k, v in spy.rows.items()}

@@ -53,22 +53,22 @@ def _rows(*values):
     return {"hidden_states": torch.tensor([[float(v)] for v in values])}
 
 
-def _add(router, stream=True):
+def _add(router, stream_audio=True):
     heard = []
     params = {s.name: s.sampling for s in router.config.stages}
-    router.add(PromptInput("x", [5, 6, 7]), params, heard.append, stream=stream)
+    router.add(PromptInput("x", [5, 6, 7]), params, heard.append, stream_audio=stream_audio)
     return heard
 
 
 def test_a_streaming_consumer_starts_early_and_gets_every_row_once_in_order(router):
     heard = _add(router)
     (root,) = router.backend.log
-    assert isinstance(root, StageInput) and root.stream_outputs  # b needs a's rows as they come
+    assert isinstance(root, StageInput) and root.step_rows  # b needs a's rows as they come
     router.handle([StageUpdate("x", "a", [11], 0, tensors=_rows(0, 1, 2))])
     assert len(router.backend.log) == 1  # 1 token: the edge needs 2 before b can start
     router.handle([StageUpdate("x", "a", [12], 0, tensors=_rows(3))])
     first = router.backend.log[-1]
-    assert isinstance(first, RoutedInput) and first.streaming and not first.stream_outputs
+    assert isinstance(first, RoutedInput) and not first.input_complete and not first.step_rows
     partial = first.upstream["a"]
     assert partial.token_ids == [11, 12] and partial.prompt_token_ids == [5, 6, 7]
     assert partial.finish_reason is None
@@ -105,15 +105,15 @@ def test_audio_chunks_grow_the_snapshots_and_the_request_waits_for_every_stage(r
     assert not isinstance(router.backend.log[-1], RoutedDelta)  # b is done: nothing sent to it
 
 
-def test_without_stream_the_edge_waits_for_the_whole_upstream(router):
-    _add(router, stream=False)
-    assert not router.backend.log[0].stream_outputs
+def test_without_stream_audio_the_edge_waits_for_the_whole_upstream(router):
+    _add(router, stream_audio=False)
+    assert not router.backend.log[0].step_rows
     router.handle([StageUpdate("x", "a", [11, 12, 13], 0)])
     assert len(router.backend.log) == 1
     full = StageResult("x", "a", [5, 6, 7], [11, 12, 13], "stopped")
     router.handle([Finished(full, full)])
     routed = router.backend.log[-1]
-    assert isinstance(routed, RoutedInput) and not routed.streaming
+    assert isinstance(routed, RoutedInput) and routed.input_complete
 
 
 def _piece(offset, token_ids, finished=False):
@@ -197,7 +197,7 @@ def test_a_host_holds_pieces_until_its_engine_holds_the_request(join_processor, 
     assert engine.deltas == [] and host.poll(0) == []  # held, not failed
     partial = StageResult("r", "a", [5], [6, 7], None)
     routed = RoutedInput(
-        "r", {"a": partial}, PromptInput("r", [5]), SamplingParams(), streaming=True
+        "r", {"a": partial}, PromptInput("r", [5]), SamplingParams(), input_complete=False
     )
     host.submit([routed])
     host.run_once()

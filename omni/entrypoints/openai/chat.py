@@ -103,8 +103,8 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         prepared,
         plan.params,
         final_stage=final_stage,
-        stream_steps=bool(body.stream),
-        stream=bool(body.stream) and want_audio,
+        step_snapshots=bool(body.stream),
+        stream_audio=bool(body.stream) and want_audio,
     )
     if body.stream:
         return StreamingResponse(job.stream(outputs, timer), media_type="text/event-stream")

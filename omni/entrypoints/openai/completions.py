@@ -70,7 +70,7 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
     timer = ctx.metrics.timer(ENDPOINT)
     created = int(time.time())
     outputs = ctx.async_omni.run(
-        prepared, plan.params, final_stage=text_stage, stream_steps=bool(body.stream)
+        prepared, plan.params, final_stage=text_stage, step_snapshots=bool(body.stream)
     )
 
     def chunk(text: str, finish: str | None, **extra: Any) -> dict[str, Any]:

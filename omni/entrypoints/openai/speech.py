@@ -62,7 +62,7 @@ async def create(ctx: Context, request: Request, body: SpeechRequest) -> Respons
     prepared = await streaming.prepare(ctx.async_omni, prompt, new_id("speech"))
     timer = ctx.metrics.timer(ENDPOINT)
     live = body.response_format == "pcm" and body.stream_format in ("sse", "audio")
-    outputs = ctx.async_omni.run(prepared, plan.params, stream_steps=live, stream=live)
+    outputs = ctx.async_omni.run(prepared, plan.params, step_snapshots=live, stream_audio=live)
     media_type = FORMATS[body.response_format]
     if live:
         return StreamingResponse(
