@@ -16,12 +16,16 @@ import os
 import queue
 import threading
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omni.config import OmniConfig
 from omni.core.sampling_params import SamplingParams
 from omni.entrypoints.async_omni import AsyncOmni, StageParams
+from omni.entrypoints.snapshot_cursor import SnapshotCursor
 from omni.messages import OmniOutput, PromptInput, StageResult
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 WAIT_S = 0.5  # longest single wait on the loop; a wait never outlives a dead loop thread
@@ -147,21 +151,19 @@ class Omni:
 
         async def one(request: PromptInput) -> None:
             seen: set[str] = set()
-            audio_sent: dict[str, int] = {}  # stage -> samples already yielded as partials
+            cursor = SnapshotCursor()  # the audio already yielded as partials
             # Per-step snapshots carry the chunks (a snapshot per finished stage would not).
             run = self.async_omni.run(
                 request, params, step_snapshots=stream_audio, stream_audio=stream_audio
             )
             async with contextlib.aclosing(run) as outputs:
                 async for output in outputs:
+                    new_audio = cursor.advance(output).audio if stream_audio else {}
                     for name, result in output.stages.items():
                         if name in seen:
                             continue
-                        if stream_audio and result.audio is not None and result.ok:
-                            chunk = _new_audio(result, audio_sent.get(name, 0))
-                            if chunk is not None:
-                                audio_sent[name] = result.audio.numel()
-                                results.put(chunk)
+                        if name in new_audio:
+                            results.put(_partial(result, new_audio[name]))
                         if result.finished:
                             seen.add(name)
                             results.put(result)
@@ -243,17 +245,11 @@ class Omni:
                     raise RuntimeError("omni's event loop thread is gone") from None
 
 
-def _new_audio(result: StageResult, sent: int) -> StageResult | None:
-    """A partial result holding `result`'s samples after the first `sent` (None: none new).
-    Snapshots hold the waveform so far and the finished result all of it, so the tail of each
-    is exactly what the previous ones lacked; a snapshot missed (the caller's queue keeps only
-    the newest) only makes the next piece longer. The piece is a copy: a view would keep every
-    snapshot's whole waveform alive for as long as the caller keeps the pieces."""
-    if result.audio.numel() <= sent:
-        return None
-    piece = result.audio.reshape(-1)[sent:].clone()
+def _partial(result: StageResult, new_audio: torch.Tensor) -> StageResult:
+    """`result` as a partial result (finish_reason None) holding only `new_audio`, the samples
+    its snapshot added (SnapshotCursor: joined in order, the finished result's waveform)."""
     return dataclasses.replace(
-        result, finish_reason=None, audio=piece, tensors={}, prompt_token_ids=[]
+        result, finish_reason=None, audio=new_audio, tensors={}, prompt_token_ids=[]
     )
 
 

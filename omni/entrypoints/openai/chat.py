@@ -29,6 +29,7 @@ from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request, from_exception
 from omni.entrypoints.openai.prompts import chat_prompt
 from omni.entrypoints.openai.protocol import ChatCompletionRequest
+from omni.entrypoints.snapshot_cursor import SnapshotCursor, SnapshotNews
 from omni.messages import OmniOutput
 
 ENDPOINT = "/v1/chat/completions"
@@ -131,12 +132,12 @@ class _Job:
         self.id = request_id
         self.text_stage = text_stage
         self.want_audio = want_audio
-        self.view = streaming.TextView(text_stage, plan.stop_strings)
+        self.cursor = SnapshotCursor(text_stage, plan.stop_strings)
         self.created = int(time.time())
         self.audio_id = new_id("audio")
 
     def response(self, out: OmniOutput) -> dict[str, Any]:
-        text = self.view.text(out)
+        text = self.cursor.text(out)
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if self.want_audio:
             final = out.final
@@ -188,22 +189,22 @@ class _Job:
     async def stream(self, outputs: Any, timer: Any) -> AsyncIterator[bytes]:
         last = None
         ok = False
-        samples_sent = 0  # of the audio stage's waveform; snapshots hold all of it so far
+        audio_sent = False
         try:
             yield self._chunk({"role": "assistant", "content": ""})
             async with contextlib.aclosing(outputs) as snapshots:
                 async for last in snapshots:
                     timer.output()
-                    delta = self.view.delta(last)
-                    if delta:
+                    news = self.cursor.advance(last)
+                    if news.text:
                         timer.first_token()
-                        yield self._chunk(self._text_delta(delta))
-                    audio = self._audio(last)
-                    if audio is not None and audio.numel() > samples_sent:
+                        yield self._chunk(self._text_delta(news.text))
+                    audio = self._new_audio(last, news)
+                    if audio is not None:
                         timer.first_audio()
-                        for chunk in self._audio_chunks(audio[samples_sent:]):
+                        for chunk in self._audio_chunks(audio):
                             yield chunk
-                        samples_sent = audio.numel()
+                        audio_sent = True
             try:
                 out = streaming.check(last)
             except Exception as e:  # noqa: BLE001 - reported in the stream, the status is sent
@@ -211,7 +212,7 @@ class _Job:
                 yield streaming.DONE
                 return
             ok = True
-            if samples_sent:
+            if audio_sent:
                 expires_at = int(time.time()) + AUDIO_TTL_S
                 yield self._chunk({"audio": {"id": self.audio_id, "expires_at": expires_at}})
             yield self._chunk({}, streaming.finish_reason(out, self.text_stage))
@@ -230,12 +231,12 @@ class _Job:
             return {"content": text}
         return {"content": text, "audio": {"id": self.audio_id, "transcript": text}}
 
-    def _audio(self, out: OmniOutput) -> Any:
-        """The audio stage's waveform so far (all of it once finished); None without audio."""
+    def _new_audio(self, out: OmniOutput, news: SnapshotNews) -> Any:
+        """The audio stage's samples new in `out`; None without audio (or new samples), and
+        for a failed request (its error is what the client gets)."""
         if not self.want_audio or out.error is not None:
             return None
-        result = out.stages.get(self.ctx.async_omni.audio_stage)
-        return None if result is None else result.audio
+        return news.audio.get(self.ctx.async_omni.audio_stage)
 
     def _audio_chunks(self, new_samples: Any) -> list[bytes]:
         """`delta.audio` chunks of the new samples: pieces of at most CHUNK_SAMPLES, so that a

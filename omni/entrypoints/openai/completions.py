@@ -15,6 +15,7 @@ from omni.entrypoints.openai import sampling, streaming
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request, from_exception
 from omni.entrypoints.openai.protocol import CompletionRequest
+from omni.entrypoints.snapshot_cursor import SnapshotCursor
 
 ENDPOINT = "/v1/completions"
 
@@ -66,7 +67,7 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
     request_id = new_id("cmpl")
     prepared = await streaming.prepare(ctx.async_omni, _prompt(body), request_id)
     sampling.check_context(ctx.async_omni, text_stage, prepared, body.max_tokens, "max_tokens")
-    view = streaming.TextView(text_stage, plan.stop_strings)
+    cursor = SnapshotCursor(text_stage, plan.stop_strings)
     timer = ctx.metrics.timer(ENDPOINT)
     created = int(time.time())
     outputs = ctx.async_omni.run(
@@ -90,7 +91,7 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
             async with contextlib.aclosing(outputs) as snapshots:
                 async for last in snapshots:
                     timer.output()
-                    delta = view.delta(last)
+                    delta = cursor.advance(last).text
                     if delta:
                         timer.first_token()
                         yield streaming.sse(chunk(delta, None))
@@ -116,6 +117,6 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         out = await streaming.until_disconnected(request, streaming.collect(outputs, timer))
     except streaming.ClientGone:
         return Response(status_code=499)
-    response = chunk(view.text(out), streaming.finish_reason(out, text_stage))
+    response = chunk(cursor.text(out), streaming.finish_reason(out, text_stage))
     response["usage"] = streaming.usage(ctx.async_omni, out, text_stage)
     return JSONResponse(response)

@@ -29,6 +29,7 @@ from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request, from_exception
 from omni.entrypoints.openai.prompts import SPEECH_INSTRUCTION, chat_prompt
 from omni.entrypoints.openai.protocol import SpeechRequest
+from omni.entrypoints.snapshot_cursor import SnapshotCursor
 from omni.messages import OmniOutput
 
 ENDPOINT = "/v1/audio/speech"
@@ -111,29 +112,28 @@ async def _live(ctx: Context, outputs: Any, timer: Any, *, sse: bool) -> AsyncIt
     """pcm bytes of each new piece of the waveform as the vocoder decodes it (as sse events, or
     raw). A failure after the status was sent ends the stream (an sse `error` event)."""
     audio_stage = ctx.async_omni.audio_stage
-    samples_sent = 0
+    cursor = SnapshotCursor()
     last = None
     try:
         async with contextlib.aclosing(outputs) as snapshots:
             async for last in snapshots:
                 timer.output()
-                audio = last.stages[audio_stage].audio if audio_stage in last.stages else None
-                if last.finished or audio is None or audio.numel() <= samples_sent:
+                if last.finished:  # its tail is sent below, once it is known not to be an error
+                    continue
+                audio = cursor.advance(last).audio.get(audio_stage)
+                if audio is None:
                     continue
                 timer.first_audio()
-                for piece in audio_encoding.chunks(
-                    audio_encoding.pcm16_bytes(audio[samples_sent:])
-                ):
+                for piece in audio_encoding.chunks(audio_encoding.pcm16_bytes(audio)):
                     if sse:
                         data = base64.b64encode(piece).decode()
                         yield streaming.sse({"type": "speech.audio.delta", "audio": data})
                     else:
                         yield piece
-                samples_sent = audio.numel()
         out = streaming.check(last)
-        audio = out.final.audio
-        if audio is not None and audio.numel() > samples_sent:  # the tail of the last step
-            rest = audio_encoding.pcm16_bytes(audio[samples_sent:])
+        audio = cursor.advance(out).audio.get(audio_stage)
+        if audio is not None:  # the tail of the last step
+            rest = audio_encoding.pcm16_bytes(audio)
             if sse:
                 data = base64.b64encode(rest).decode()
                 yield streaming.sse({"type": "speech.audio.delta", "audio": data})

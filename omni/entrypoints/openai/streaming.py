@@ -1,6 +1,6 @@
-"""What the text endpoints share: preparing a prompt off the event loop, running it while
-watching for the client to leave, the visible text of the text stage (stop strings removed) and
-its deltas, finish reasons, usage, and SSE framing.
+"""What the endpoints share: preparing a prompt off the event loop, running it while watching for
+the client to leave, finish reasons, usage, and SSE framing. What each snapshot adds (text and
+audio deltas) comes from a SnapshotCursor (omni/entrypoints/snapshot_cursor.py).
 
 Aborts: a request runs inside `async_omni.run(...)`, always closed by `contextlib.aclosing`;
 closing it early (the client left: the streaming response is cancelled, or `until_disconnected`
@@ -12,16 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 
 from omni.entrypoints.openai.errors import OpenAIError, from_exception
-from omni.messages import OmniOutput, PromptInput, StageResult
+from omni.messages import OmniOutput, PromptInput
 
-log = logging.getLogger("omni.serve")
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
 FINISH_REASONS = {"stopped": "stop", "length": "length"}
@@ -96,40 +94,6 @@ def check(out: OmniOutput | None) -> OmniOutput:
             code="stage_unavailable" if down else "generation_failed",
         )
     return out
-
-
-class TextView:
-    """The text stage's text as the client sees it: stop strings removed, and `delta` the part
-    not sent yet (streamed text only ever grows)."""
-
-    def __init__(self, stage: str, stop_strings: dict[int, str]) -> None:
-        self.stage = stage
-        self.stop_strings = stop_strings
-        self.sent = ""
-
-    def text(self, out: OmniOutput) -> str:
-        result = out.stages.get(self.stage)
-        if result is None:
-            return ""
-        text = result.text or ""
-        if result.finish_reason == "stopped" and result.token_ids:
-            stop = self.stop_strings.get(result.token_ids[-1])
-            if stop and text.endswith(stop):
-                text = text[: -len(stop)]
-        return text
-
-    def delta(self, out: OmniOutput) -> str:
-        text = self.text(out)
-        if not text.startswith(self.sent):
-            # Only if a final full decode differs from the streamed one (whitespace cleanup).
-            log.warning("streamed text diverged from the final text; the rest is not sent")
-            return ""
-        new, self.sent = text[len(self.sent) :], text
-        return new
-
-
-def result(out: OmniOutput, stage: str) -> StageResult | None:
-    return out.stages.get(stage)
 
 
 def finish_reason(out: OmniOutput, stage: str) -> str:
