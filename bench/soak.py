@@ -31,7 +31,14 @@ from bench_table import table  # noqa: E402
 
 from tools.make_tiny_checkpoint import ensure_checkpoint  # noqa: E402
 from tools.serve_process import ServeProcess  # noqa: E402
-from tools.soak import SoakConfig, SoakReport, percentile_ms, run_soak, server_args  # noqa: E402
+from tools.soak import (  # noqa: E402
+    SERVER_ENV,
+    SoakConfig,
+    SoakReport,
+    percentile_ms,
+    run_soak,
+    server_args,
+)
 
 MIB = 1 << 20
 
@@ -124,7 +131,7 @@ def main() -> int:
     t0 = time.perf_counter()
     serve = server_args(model_dir, args.backend, args.talker_tokens)
     serve += [arg for override in args.set for arg in ("--set", override)]
-    with ServeProcess(serve, threads=args.threads) as server:
+    with ServeProcess(serve, threads=args.threads, env=SERVER_ENV) as server:
         assert server.proc is not None
         print(f"omni serve ({args.backend}) ready in {time.perf_counter() - t0:.1f} s", flush=True)
         report = asyncio.run(run_soak(server.base_url, server.proc.pid, config, progress=progress))

@@ -49,6 +49,14 @@ def server_args(model_dir: str, backend: str = "local", talker_tokens: int = 16)
     ]
 
 
+SERVER_ENV = {"RAY_task_events_max_num_task_in_gcs": "2000"}
+"""The soak's server environment. Ray's GCS keeps the events of the last 100,000 tasks (its
+default); every actor call of the ray backend is a task, so under the soak the gcs_server grows
+by about 50 MiB per 1,000 requests until that store is full, which would hide a leak in the stage
+actors from the RSS check. 2,000 keeps it at about 55 MiB (docs/soak.md); the local backend
+starts no Ray and ignores it."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SoakConfig:
     num_requests: int = 10_000

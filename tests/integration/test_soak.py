@@ -15,7 +15,7 @@ from helpers import OMNI_ON_CPU, OMNI_STAGES, cli_sets
 
 from tools.make_tiny_checkpoint import ensure_checkpoint
 from tools.serve_process import ServeProcess
-from tools.soak import SoakConfig, run_soak, server_args
+from tools.soak import SERVER_ENV, SoakConfig, run_soak, server_args
 from tools.soak_requests import KINDS
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 def test_soak_200_requests_loses_nothing():
     model_dir = str(ensure_checkpoint("qwen2_5_omni", "tiny"))
     config = SoakConfig(num_requests=200, concurrency=32, num_prompts=6)
-    with ServeProcess(server_args(model_dir, "local") + cli_sets(OMNI_ON_CPU)) as server:
+    args = server_args(model_dir, "local") + cli_sets(OMNI_ON_CPU)
+    with ServeProcess(args, env=SERVER_ENV) as server:
         assert server.proc is not None
         report = asyncio.run(run_soak(server.base_url, server.proc.pid, config))
     assert report.num_references == 5 * 6
