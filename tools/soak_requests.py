@@ -9,7 +9,7 @@ tools/soak_misbehave.py):
   speech             /v1/audio/speech, pcm, streamed bytes (time to first audio)
   completions        /v1/completions, text (variant: streamed or not)
   cache_salt         chat_text with a `cache_salt` (one of four): must answer as chat_text
-  disconnect         the client leaves mid-request (four ways, see `_disconnect`)
+  disconnect         the client leaves mid-request (four ways, see `soak_misbehave.disconnect`)
   bad                a malformed request: must be answered with its 4xx naming the field
 
 A good answer is compared with the reference answer of its prompt (`REFERENCE_KIND`): text
