@@ -27,6 +27,10 @@ class RaySession:
         # Before ray.init: no ~/.ray/auth_token, no usage reporting (ENV-FACTS).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Every call to a stage actor is a Ray task whose events the GCS keeps (100,000 by
+        # default): a serving process's GCS grew 55 -> 213 MiB over 3,000 requests in the soak
+        # (docs/soak.md). A cluster this session starts keeps the last 2,000.
+        os.environ.setdefault("RAY_task_events_max_num_task_in_gcs", "2000")
         self.temp_dir: str | None = None
         self.mode = "existing"
         if ray.is_initialized():
