@@ -102,6 +102,27 @@ _BUILTIN_ADAPTERS: dict[str, AdapterSpec] = {
             emits=(),  # a waveform (StageResult.audio), no per-token tensors
             model_types=("qwen2_5_omni",),
         ),
+        AdapterSpec(
+            "qwen3_omni_moe_thinker",
+            "stages.qwen3_omni_moe.thinker:Qwen3OmniThinkerAdapter",
+            emits=("inputs_embeds", "accept_hidden_states"),
+            model_types=("qwen3_omni_moe",),
+        ),
+        AdapterSpec(
+            "qwen3_omni_moe_talker",
+            "stages.qwen3_omni_moe.talker:Qwen3OmniTalkerAdapter",
+            produces_text=False,  # codec frames: token_ids are layer-0 codes, tensors["codes"]
+            emits=(),
+            model_types=("qwen3_omni_moe",),
+        ),
+        AdapterSpec(
+            "qwen3_omni_moe_code2wav",
+            "stages.qwen3_omni_moe.code2wav:Qwen3OmniCode2WavAdapter",
+            kind="generation",
+            produces_text=False,
+            emits=(),
+            model_types=("qwen3_omni_moe",),
+        ),
     )
 }
 
@@ -160,6 +181,8 @@ _LAZY_INPUT_PROCESSORS: dict[str, str] = {
     "thinker_to_talker": "stages.qwen2_5_omni.input_processors:thinker_to_talker",
     "thinker_to_talker_unmasked": "stages.qwen2_5_omni.input_processors:thinker_to_talker_unmasked",
     "talker_to_token2wav": "stages.qwen2_5_omni.input_processors:talker_to_token2wav",
+    "qwen3_thinker_to_talker": "stages.qwen3_omni_moe.input_processors:thinker_to_talker",
+    "qwen3_talker_to_code2wav": "stages.qwen3_omni_moe.input_processors:talker_to_code2wav",
 }
 
 
@@ -167,6 +190,7 @@ _LAZY_INPUT_PROCESSORS: dict[str, str] = {
 _LAZY_PROMPT_PROCESSORS: dict[str, str] = {
     "causal_lm": "omni.entrypoints.prompt_processor:PromptProcessor",
     "qwen2_5_omni_thinker": "stages.qwen2_5_omni.prompt_processor:OmniPromptProcessor",
+    "qwen3_omni_moe_thinker": "stages.qwen3_omni_moe.prompt_processor:Qwen3OmniPromptProcessor",
 }
 _DEFAULT_PROMPT_PROCESSOR = "omni.entrypoints.prompt_processor:PromptProcessor"
 
