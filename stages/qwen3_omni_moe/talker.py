@@ -32,9 +32,10 @@ from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
 from omni.runtime.sampler import Sampler
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, StageModelBase
-from stages.qwen2_5_omni.part_loader import load_part, load_rows
+from stages.qwen2_5_omni.part_loader import load_rows
 from stages.qwen2_5_omni.talker_penalty import SeenCodes
 from stages.qwen3_omni_moe.talker_inputs import TalkerRequestState, build_state, check_extras
+from stages.qwen3_omni_moe.weights import load_part
 
 PREDICTOR_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 0.8}
 
@@ -66,10 +67,11 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
             raw = json.load(f)
         config = Qwen3OmniMoeTalkerConfig(**raw["talker_config"])
         config.text_config._attn_implementation = ATTENTION_NAME
-        config.code_predictor_config._attn_implementation = "sdpa"  # whole frames, own cache
+        # The code predictor runs whole frames with its own small cache, on sdpa as in generate.
+        config.code_predictor_config._attn_implementation = "sdpa"
         talker = Qwen3OmniMoeTalkerForConditionalGeneration(config)
         self.talker = talker.to(device=self.device, dtype=dtype).eval()
-        load_part(self.talker, model_dir, "talker.")
+        load_part(self.talker, model_dir, "talker.")  # per-expert tensors fused
         text = config.text_config
         self.config = config
         self.dtype = dtype
@@ -84,7 +86,7 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         if not self.speakers:
             raise ValueError(f"{model_dir!r}: talker_config.speaker_id names no speaker")
         names = {k: raw[f"{k}_token_id"] for k in ("tts_bos", "tts_eos", "tts_pad")}
-        rows = load_rows(model_dir, "thinker.model.language_model.embed_tokens.weight",
+        rows = load_rows(model_dir, "thinker.model.embed_tokens.weight",
                          list(names.values()))  # fmt: skip
         self.tts_rows = {k: rows[i] for k, i in names.items()}
         # generate's suppress_tokens: [vocab - 1024, vocab) but codec EOS.
@@ -123,8 +125,13 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
         embeds, positions, marks = [], [], []
         for entry in inputs.scheduled:
-            state = self._states[entry.request_id]
+            state = self._states.get(entry.request_id)
             first, num = entry.num_computed_tokens, len(entry.token_ids)
+            if state is None:  # warm-up or profiling: codec embeddings at plain positions
+                ids = torch.tensor(entry.token_ids, device=self.device)
+                embeds.append(self.talker.get_input_embeddings()(ids))
+                positions.append(torch.arange(first, first + num).expand(3, -1))
+                continue
             num_prompt = min(max(state.prompt_len - first, 0), num)
             if num_prompt:
                 embeds.append(state.prompt_embeds[first : first + num_prompt])
