@@ -74,6 +74,13 @@ class AdapterSpec:
         return None
 
 
+def _qwen3(part: str, cls: str, kind: str = "ar", emits: tuple[str, ...] = ()) -> AdapterSpec:
+    """A Qwen3-Omni stage (stages/qwen3_omni_moe/<part>.py); only the thinker's ids are text."""
+    target = f"stages.qwen3_omni_moe.{part}:{cls}"
+    return AdapterSpec(f"qwen3_omni_moe_{part}", target, kind, part == "thinker", emits, (_Q3,))
+
+
+_Q3 = "qwen3_omni_moe"
 # Built-ins live in stages/*.py, which import torch; their specs are declared here so that config
 # validation knows them before (and without) importing them. Each module's `register_adapter` call
 # must give the same spec (checked when it is imported).
@@ -102,27 +109,11 @@ _BUILTIN_ADAPTERS: dict[str, AdapterSpec] = {
             emits=(),  # a waveform (StageResult.audio), no per-token tensors
             model_types=("qwen2_5_omni",),
         ),
-        AdapterSpec(
-            "qwen3_omni_moe_thinker",
-            "stages.qwen3_omni_moe.thinker:Qwen3OmniThinkerAdapter",
-            emits=("inputs_embeds", "accept_hidden_states"),
-            model_types=("qwen3_omni_moe",),
+        _qwen3(
+            "thinker", "Qwen3OmniThinkerAdapter", emits=("inputs_embeds", "accept_hidden_states")
         ),
-        AdapterSpec(
-            "qwen3_omni_moe_talker",
-            "stages.qwen3_omni_moe.talker:Qwen3OmniTalkerAdapter",
-            produces_text=False,  # codec frames: token_ids are layer-0 codes, tensors["codes"]
-            emits=(),
-            model_types=("qwen3_omni_moe",),
-        ),
-        AdapterSpec(
-            "qwen3_omni_moe_code2wav",
-            "stages.qwen3_omni_moe.code2wav:Qwen3OmniCode2WavAdapter",
-            kind="generation",
-            produces_text=False,
-            emits=(),
-            model_types=("qwen3_omni_moe",),
-        ),
+        _qwen3("talker", "Qwen3OmniTalkerAdapter"),  # tokens: layer-0 codes; tensors["codes"]
+        _qwen3("code2wav", "Qwen3OmniCode2WavAdapter", kind="generation"),
     )
 }
 

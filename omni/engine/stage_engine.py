@@ -253,7 +253,10 @@ class StageEngine:
             tensors = self.rows.finish(request)
             if request.output_codes:  # a multi-code stage: each token with its residual codes
                 tensors["codes"] = torch.tensor(
-                    [(t, *c) for t, c in zip(request.output_token_ids, request.output_codes)],
+                    [
+                        (t, *c)
+                        for t, c in zip(request.output_token_ids, request.output_codes, strict=True)
+                    ],
                     dtype=torch.int64,
                 )
             results.append(self._result(request, tensors=tensors))

@@ -100,7 +100,9 @@ def thinker_to_talker(upstream: dict[str, StageResult], request: PromptInput) ->
             "assistant_rows": embeds[start:],
             "talker_input_ids": user_ids + [pad] * 9,
             "speaker": speaker,
-            "repetition_penalty": float(extras.get("talker_repetition_penalty", REPETITION_PENALTY)),
+            "repetition_penalty": float(
+                extras.get("talker_repetition_penalty", REPETITION_PENALTY)
+            ),
             **_mm_extras(request),
         },
     )

@@ -37,8 +37,6 @@ from stages.qwen2_5_omni.talker_penalty import SeenCodes
 from stages.qwen3_omni_moe.talker_inputs import TalkerRequestState, build_state, check_extras
 from stages.qwen3_omni_moe.weights import load_part
 
-PREDICTOR_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 0.8}
-
 
 def speaker_key(name: str) -> int:
     """The talker prompt id standing for a speaker (prompt ids only key the prefix cache)."""
@@ -77,7 +75,9 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         self.dtype = dtype
         self.num_layers = text.num_hidden_layers
         self.num_kv_heads = text.num_key_value_heads
-        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        self.head_dim = (
+            getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        )
         self.hidden_size = text.hidden_size
         self.vocab_size = 2**32  # prompt ids are thinker ids and keys, hashed only
         self.eos_token_id = config.codec_eos_token_id
@@ -169,7 +169,9 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         """Inputs of decode positions start.. feeding frames (ids[k], fed_codes[k])."""
         if len(fed_codes) != len(ids):
             raise RuntimeError(f"{len(ids)} fed codes but {len(fed_codes)} residual code rows")
-        codes = torch.tensor([[i, *c] for i, c in zip(ids, fed_codes)], device=self.device)
+        codes = torch.tensor(
+            [[i, *c] for i, c in zip(ids, fed_codes, strict=True)], device=self.device
+        )
         predictor = self.talker.code_predictor.get_input_embeddings()
         parts = [self.talker.get_input_embeddings()(codes[:, 0])]
         parts += [predictor[g - 1](codes[:, g]) for g in range(1, self.num_code_groups)]
@@ -188,7 +190,7 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         penalties = sorted({s.repetition_penalty for s in states if s.repetition_penalty != 1.0})
         if penalties:
             slots = [self._seen.slot(r) if s.repetition_penalty != 1.0 else 0
-                     for r, s in zip(self._sample_ids, states)]  # fmt: skip
+                     for r, s in zip(self._sample_ids, states, strict=True)]  # fmt: skip
             groups = [penalties.index(s.repetition_penalty) if s.repetition_penalty != 1.0 else 0
                       for s in states]  # fmt: skip
             index = torch.tensor([slots, groups], device=logits.device)
@@ -214,9 +216,12 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         predictor = self.talker.code_predictor
         embeds = torch.stack([hidden_states, self.talker.get_input_embeddings()(token_ids)], dim=1)
         cache = DynamicCache(config=predictor.config)
-        settings = [p if p.greedy else SamplingParams(seed=p.seed, **PREDICTOR_SAMPLING)
-                    for p in params]  # fmt: skip
-        codes = []
+        # transformers samples the residual codes with top_k 50, top_p 0.8, temperature 1.
+        settings = [
+            p if p.greedy else SamplingParams(temperature=1.0, top_k=50, top_p=0.8, seed=p.seed)
+            for p in params
+        ]
+        codes: list[torch.Tensor] = []
         for group in range(self.num_code_groups - 1):
             if group:
                 embeds = predictor.model.get_input_embeddings()[group - 1](codes[-1]).unsqueeze(1)

@@ -94,7 +94,9 @@ def check_extras(extras: Mapping[str, Any]) -> None:
         return
     for key in ("user_rows", "user_is_mm", "assistant_rows", "talker_input_ids", "speaker"):
         if key not in extras:
-            raise ValueError(f"talker extras lack {key!r} (input processor qwen3_thinker_to_talker)")
+            raise ValueError(
+                f"talker extras lack {key!r} (input processor qwen3_thinker_to_talker)"
+            )
     rows, mask = extras["user_rows"], extras["user_is_mm"]
     if len(rows) != len(mask) or len(rows) + 9 != len(extras["talker_input_ids"]):
         raise ValueError("talker extras: user_rows, user_is_mm and talker_input_ids disagree")

@@ -87,7 +87,9 @@ class Qwen3OmniThinkerAdapter(StageModelBase):
         self.dtype = dtype
         self.num_layers = text.num_hidden_layers
         self.num_kv_heads = text.num_key_value_heads
-        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        self.head_dim = (
+            getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        )
         self.hidden_size = text.hidden_size
         self.vocab_size = text.vocab_size
         eos = self.model.generation_config.eos_token_id or raw.get("im_end_token_id")
@@ -132,7 +134,10 @@ class Qwen3OmniThinkerAdapter(StageModelBase):
             state = self._state(entry, inputs.request_extras.get(entry.request_id) or {})
             if state is None or state.positions is None:
                 continue
-            first, last = entry.num_computed_tokens, entry.num_computed_tokens + len(entry.token_ids)
+            first, last = (
+                entry.num_computed_tokens,
+                entry.num_computed_tokens + len(entry.token_ids),
+            )
             base = starts[row] - first  # packed row of position p is base + p
             positions[:, base + first : base + last] = self._positions(state, first, last)
             extras = inputs.request_extras[entry.request_id]

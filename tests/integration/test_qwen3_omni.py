@@ -98,7 +98,9 @@ def test_pipeline_equals_transformers(qwen3_dir, references, caching):
         rounds = [omni.generate(list(prompts.values()), PARAMS, use_tqdm=False) for _ in range(2)]
         thinker = omni.backend.hosts["thinker"].engine
         assert thinker.model.encoder_runs == {"image": 1, "audio": 1}  # once per distinct item
-        hits = {s: omni.backend.hosts[s].engine.stats()["kv_hit_tokens"] for s in ("thinker", "talker")}
+        hits = {
+            s: omni.backend.hosts[s].engine.stats()["kv_hit_tokens"] for s in ("thinker", "talker")
+        }
     for round_, outputs in enumerate(rounds):
         for name, out in zip(prompts, outputs, strict=True):
             _check(out, references[name], name)
