@@ -144,3 +144,25 @@ def test_first_token_eos_gives_empty_audio(qwen3_dir, references):
     assert no_frames.error is None and no_frames.stages["talker"].token_ids == ref.layer0[:1]
     for out in (silent, no_frames):
         assert out.final.audio.numel() == 0
+
+
+def test_chat_second_turn_hits_thinker_and_talker(qwen3_dir):
+    """Omni.chat frames the conversation; the second turn's thinker prompt extends the first,
+    and the talker's prompt (the user turns) too: both stages serve it from the prefix cache.
+    The default voice is "Ethan" (transformers' default)."""
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": TEXT}]
+    with Omni(model=qwen3_dir, runtime={"backend": "local"}, **ON_CPU) as omni:
+        assert omni.async_omni.voices == ["aiden", "chelsie", "ethan"]
+        (one,) = omni.chat([first], PARAMS, use_tqdm=False)
+        reply = one.stages["thinker"].text
+        second = [
+            *first,
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": TEXT},
+        ]
+        (two,) = omni.chat([second], PARAMS, use_tqdm=False)
+    assert one.error is None and two.error is None
+    assert one.final.audio.numel() > 0 and two.final.audio.numel() > 0
+    for stage in ("thinker", "talker"):
+        assert one.stages[stage].num_cached_tokens == 0
+        assert two.stages[stage].num_cached_tokens >= 16, stage

@@ -81,14 +81,17 @@ def speech_prompt(tokenizer: Any, text: str) -> dict[str, Any]:
 
 
 def _qwen_framing(tokenizer: Any, turns: list[tuple[str, list[tuple[str, str]]]]) -> str:
+    def mark(bos: str, token: str, eos: str, default: tuple[str, str, str]) -> str:
+        # The tokenizer's own names (Qwen3-Omni: <|vision_start|>, <|image_pad|>, ...).
+        names = (getattr(tokenizer, n, None) for n in (bos, token, eos))
+        return "".join(name or fallback for name, fallback in zip(names, default, strict=True))
+
     marks = {
-        "image": "<|vision_bos|>{}<|vision_eos|>".format(
-            getattr(tokenizer, "image_token", None) or "<|IMAGE|>"
-        ),
-        "audio": "<|audio_bos|>{}<|audio_eos|>".format(
-            getattr(tokenizer, "audio_token", None) or "<|AUDIO|>"
-        ),
-    }
+        "image": mark("vision_bos_token", "image_token", "vision_eos_token",
+                      ("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>")),
+        "audio": mark("audio_bos_token", "audio_token", "audio_eos_token",
+                      ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")),
+    }  # fmt: skip
     out = []
     for role, pieces in turns:
         body = "".join(text if kind == "text" else marks[kind] for kind, text in pieces)
