@@ -7,7 +7,8 @@ extras), with Qwen3-Omni's differences:
 - a prompt without `<|im_start|>` becomes one user turn (`<|im_start|>user\\n` ... `<|im_end|>\\n
   <|im_start|>assistant\\n`): the talker speaks the reply of the last assistant turn;
 - voices: the checkpoint's `talker_config.speaker_id` names, matched case-insensitively as
-  generate does (`speaker.lower()`); default "Ethan";
+  generate does (`speaker.lower()`); default "Ethan" (generate's), or the first voice in sorted
+  order for a checkpoint without "ethan" (where generate's default raises a KeyError);
 - extras["token_layout"]: the token ids the talker edge needs (input_processors.py).
 
 Without torchvision, `Qwen3OmniMoeProcessor` cannot be built (its video processor imports it):
@@ -40,6 +41,10 @@ class Qwen3OmniPromptProcessor(OmniPromptProcessor):
         thinker, talker = raw["thinker_config"], raw["talker_config"]
         self.n_window = int(thinker["audio_config"].get("n_window", 50))
         self.voices = sorted(str(name).lower() for name in talker.get("speaker_id") or {})
+        default = DEFAULT_VOICE.lower()
+        self.default_voice = (
+            default if default in self.voices or not self.voices else self.voices[0]
+        )
         self.layout = {
             "im_start": raw["im_start_token_id"],
             "user": raw["user_token_id"],
@@ -60,5 +65,6 @@ class Qwen3OmniPromptProcessor(OmniPromptProcessor):
             shift = len(self._turn_start)
             ids = self._turn_start + ids + self._turn_end
             items = tuple(MultiModalInput(m.identifier, m.offset + shift, m.length) for m in items)
-        extras = {**base.extras, "token_layout": self.layout}
+        # every prompt names its voice (the checkpoint's default when it names none)
+        extras = {"speaker": self.default_voice, **base.extras, "token_layout": self.layout}
         return dataclasses.replace(base, prompt_token_ids=ids, mm_inputs=items, extras=extras)
