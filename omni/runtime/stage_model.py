@@ -9,7 +9,7 @@ omni/registry.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -220,6 +220,19 @@ class GenerationModel(Protocol):
         ...
 
     def check_inputs(self, stage_input: StageInput) -> None: ...
+
+
+@runtime_checkable
+class BatchedGenerationModel(GenerationModel, Protocol):
+    """A generation adapter that decodes several whole requests in one call (its engine does so
+    where engine.batch_whole_requests resolves true)."""
+
+    def generate_batch(
+        self, stage_inputs: Sequence[StageInput], seeds: Sequence[int]
+    ) -> list[torch.Tensor]:
+        """Each request's waveform, as `generate` gives it alone (up to float rounding where the
+        batch changes the kernels' summation order), in the order of `stage_inputs`."""
+        ...
 
 
 @dataclass(frozen=True)
