@@ -143,7 +143,7 @@ class _Job:
             final = out.final
             assert self.body.audio is not None
             data = audio_encoding.encode(
-                final.audio, final.sample_rate or 24000, self.body.audio.format
+                final.audio, self.ctx.sample_rate(final), self.body.audio.format
             )
             message["audio"] = {
                 "id": self.audio_id,

@@ -75,7 +75,7 @@ async def create(ctx: Context, request: Request, body: SpeechRequest) -> Respons
         final = out.final
         if final.audio is None:
             raise bad_request("the pipeline returned no audio", "model")
-        return audio_encoding.encode(final.audio, final.sample_rate or 24000, body.response_format)
+        return audio_encoding.encode(final.audio, ctx.sample_rate(final), body.response_format)
 
     if body.stream_format == "sse":
 
