@@ -99,7 +99,7 @@ class StageConfig:
     kind: str = "ar"
     """ar (autoregressive, KV cache) or generation (one-shot, e.g. a vocoder)."""
     adapter: str = "causal_lm"
-    """Registered stage model adapter (omni/registry.py) that loads and runs the model."""
+    """Stage model adapter (declared by a model family, omni/family.py) that loads and runs the model."""
     inputs: tuple[str, ...] = ()
     """Upstream stage names; empty for a root stage, which receives the user's prompts."""
     input_processor: str | None = None
