@@ -1,11 +1,12 @@
 """A model family's manifest: everything omni knows about a family, declared once in its package.
 
-Each family package under stages/ (or any installed package) has a `family.py` that binds
-`FAMILY = ModelFamily(...)`: its stage model adapters with their specs, the edges between its
+Each family has a manifest module, `family.py` in its package under stages/ (`<name>_family.py`
+beside a one-module family such as stages/causal_lm.py), that binds `FAMILY = ModelFamily(...)`:
+its stage model adapters with their specs, the edges between its
 stages (input processors and how they stream), the prompt processor of its root stage, its
 audio sample rate, and the stage config `Omni(model=DIR)` runs for the checkpoints it claims.
-omni.registry lists the family packages by name and reads each manifest with `read_manifest`,
-without importing the package: a manifest imports only this module, so knowing every family
+omni.registry lists the manifest modules by name and reads each with `read_manifest`, without
+importing it or its package: a manifest imports only this module, so knowing every family
 costs no torch and no model code. Every class a manifest names is a "module:attr" string,
 imported only when a stage loads it. docs/adding_a_model_family.md walks through one.
 
@@ -16,16 +17,12 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 ADAPTER_KINDS = ("ar", "generation")
 """Stage kinds: ar (StageEngine: KV cache, sampling) or generation (GenerationEngine)."""
-
-MANIFEST_FILE = "family.py"
-"""The manifest's file name inside a family package."""
 
 
 def check_target(owner: str, target: str) -> None:
@@ -118,7 +115,7 @@ class EdgeSpec:
 
 @dataclass(frozen=True)
 class ModelFamily:
-    """One model family's manifest (a family package's `FAMILY`)."""
+    """One model family's manifest (the `FAMILY` of its manifest module)."""
 
     name: str
     """The family's name, e.g. "qwen2_5_omni"; unique among the families omni knows."""
@@ -134,9 +131,9 @@ class ModelFamily:
     """The checkpoint config.json `model_type`s whose `Omni(model=DIR)` runs its stage config;
     each is claimed by one family only."""
     stage_config: str | None = None
-    """Its pipeline for claimed checkpoints: `<stage_config>.yaml` in the family package, else in
-    omni's stage_configs/ (loaded with MODEL=the checkpoint directory). None: no pipeline of its
-    own (a claimed checkpoint then gets the one-stage causal-LM pipeline)."""
+    """Its pipeline for claimed checkpoints: `<stage_config>.yaml` beside the manifest (in the
+    family package), else in omni's stage_configs/ (loaded with MODEL=the checkpoint directory).
+    None: no pipeline of its own (a claimed checkpoint then gets the causal-LM pipeline)."""
     sample_rate: int | None = None
     """Samples per second of the audio its pipeline returns, for a result that carries none;
     None for families without audio."""
@@ -175,30 +172,31 @@ class ModelFamily:
             )
 
 
-def package_dir(package: str) -> str:
-    """The folder of package `package` ("stages.qwen2_5_omni"), found on sys.path without
-    importing it or its parents (their modules may import torch)."""
+def manifest_path(module: str) -> str:
+    """The file of manifest module `module` ("stages.qwen2_5_omni.family"), found on sys.path
+    without importing it or the packages above it (their modules may import torch)."""
+    *packages, name = module.split(".")
     locations: list[str] | None = None
-    for part in package.split("."):
+    for part in packages:
         spec = importlib.machinery.PathFinder.find_spec(part, locations)
         if spec is None or not spec.submodule_search_locations:
-            raise ValueError(f"model family {package!r}: no package {part!r} found on sys.path")
+            raise ValueError(f"model family {module!r}: no package {part!r} found on sys.path")
         locations = list(spec.submodule_search_locations)
-    assert locations is not None  # a package name has at least one part
-    return locations[0]
+    spec = importlib.machinery.PathFinder.find_spec(name, locations)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        raise ValueError(f"model family {module!r}: no module {name!r} found on sys.path")
+    return spec.origin
 
 
-def read_manifest(package: str) -> ModelFamily:
-    """The `FAMILY` bound by `<package>/family.py`, executed on its own: the package itself is
-    not imported and nothing enters sys.modules."""
-    path = os.path.join(package_dir(package), MANIFEST_FILE)
-    if not os.path.isfile(path):
-        raise ValueError(f"model family {package!r}: no manifest {path}")
-    spec = importlib.util.spec_from_file_location(f"{package}.family", path)
+def read_manifest(module: str) -> ModelFamily:
+    """The `FAMILY` bound by manifest module `module`, executed on its own: neither it nor its
+    packages are imported, and nothing enters sys.modules."""
+    path = manifest_path(module)
+    spec = importlib.util.spec_from_file_location(module, path)
     assert spec is not None and spec.loader is not None  # a .py file always has a loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    family = getattr(module, "FAMILY", None)
+    code = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(code)
+    family = getattr(code, "FAMILY", None)
     if not isinstance(family, ModelFamily):
-        raise ValueError(f"model family {package!r}: {path} must bind FAMILY = ModelFamily(...)")
+        raise ValueError(f"model family {module!r}: {path} must bind FAMILY = ModelFamily(...)")
     return family

@@ -3,9 +3,9 @@
 Torch-free on purpose: `omni validate` checks the names in a stage config, and whether each
 stage's adapter fits its `kind` and its checkpoint, without loading any model code. The facts
 about a model live in its family's manifest (omni/family.py: `ModelFamily`), in the family's own
-package; this module holds no model facts, only the list of family packages (`FAMILIES`, plus
-packages installed with an `omni.model_families` entry point). It reads every manifest when
-imported and fills the tables below; an adapter, input processor or prompt processor is imported
+package; this module holds no model facts, only the list of manifest modules (`FAMILIES`, plus
+those installed packages name with an `omni.model_families` entry point). It reads every
+manifest when imported and fills the tables below; an adapter, input processor or prompt processor is imported
 from its "module:attr" string only when first used. `register_adapter` and
 `register_input_processor` add objects defined in user code (tests, notebooks) by hand.
 """
@@ -14,33 +14,35 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from omni.family import ADAPTER_KINDS as ADAPTER_KINDS
 from omni.family import AdapterSpec as AdapterSpec
 from omni.family import EdgeStreaming as EdgeStreaming
-from omni.family import ModelFamily, package_dir, read_manifest
+from omni.family import ModelFamily, manifest_path, read_manifest
 
 T = TypeVar("T")
 
 FAMILIES: tuple[str, ...] = (
-    "stages.causal_lm",
-    "stages.two_stage",
-    "stages.qwen2_5_omni",
+    "stages.causal_lm_family",
+    "stages.two_stage_family",
+    "stages.qwen2_5_omni.family",
 )
-"""The family packages in this repository, by name: a new family adds its line here."""
+"""The manifest modules of the families in this repository: a new family adds its line here."""
 
 ENTRY_POINT_GROUP = "omni.model_families"
-"""Installed packages add a family with an entry point in this group, `name = "package"`."""
+"""Installed packages add a family with an entry point in this group, `name = "package.family"`
+(the manifest module)."""
 
 DEFAULT_PROMPT_PROCESSOR = "omni.engine.prompt_processor:PromptProcessor"
 """The prompt processor of a root stage whose family names none: text and token ids only."""
 
 MODEL_FAMILIES: dict[str, ModelFamily] = {}
 """Every family's manifest by family name, in load order."""
-FAMILY_PACKAGES: dict[str, str] = {}
-"""Family name -> the package it was read from."""
+FAMILY_MANIFESTS: dict[str, str] = {}
+"""Family name -> the manifest module it was read from."""
 ADAPTER_SPECS: dict[str, AdapterSpec] = {}
 """Every known adapter's spec: the families' plus those registered with `register_adapter`."""
 ADAPTERS: dict[str, object] = {}
@@ -56,13 +58,14 @@ _FAMILY_OF: dict[str, str] = {}  # adapter name -> family name
 _CLAIMS: dict[str, str] = {}  # checkpoint model_type -> family name
 
 
-def add_family(package: str) -> ModelFamily:
-    """Read `package`'s manifest (<package>/family.py) and add what it declares. ValueError when
-    a name it declares (family, adapter, input processor, claimed model_type) is taken."""
-    family = read_manifest(package)
-    where = f"model family {family.name!r} ({package})"
+def add_family(manifest: str) -> ModelFamily:
+    """Read manifest module `manifest` ("stages.qwen2_5_omni.family") and add what it declares.
+    ValueError when a name it declares (family, adapter, input processor, claimed model_type) is
+    taken."""
+    family = read_manifest(manifest)
+    where = f"model family {family.name!r} ({manifest})"
     if family.name in MODEL_FAMILIES:
-        raise ValueError(f"{where}: the name is taken by {FAMILY_PACKAGES[family.name]}")
+        raise ValueError(f"{where}: the name is taken by {FAMILY_MANIFESTS[family.name]}")
     taken = [f"adapter {a.name!r}" for a in family.adapters if a.name in ADAPTER_SPECS] + [
         f"input processor {e.name!r}" for e in family.edges if e.name in _DECLARED_EDGES
     ]
@@ -70,7 +73,7 @@ def add_family(package: str) -> ModelFamily:
     if taken:
         raise ValueError(f"{where}: already declared: {', '.join(taken)}")
     MODEL_FAMILIES[family.name] = family
-    FAMILY_PACKAGES[family.name] = package
+    FAMILY_MANIFESTS[family.name] = manifest
     for spec in family.adapters:
         ADAPTER_SPECS[spec.name] = _DECLARED_ADAPTERS[spec.name] = spec
         _FAMILY_OF[spec.name] = family.name
@@ -83,7 +86,7 @@ def add_family(package: str) -> ModelFamily:
 
 
 def _installed_families() -> list[str]:
-    """Packages named by `omni.model_families` entry points of installed distributions."""
+    """Manifest modules named by `omni.model_families` entry points of installed packages."""
     return sorted({ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
 
 
@@ -100,8 +103,8 @@ def family_for_model_type(model_type: object) -> ModelFamily | None:
 
 
 def family_dir(family: ModelFamily) -> str:
-    """The folder of the package `family` was read from."""
-    return package_dir(FAMILY_PACKAGES[family.name])
+    """The folder of `family`'s manifest (its package)."""
+    return os.path.dirname(manifest_path(FAMILY_MANIFESTS[family.name]))
 
 
 def get_edge_streaming(processor: str | None) -> EdgeStreaming | None:
@@ -180,7 +183,7 @@ def register_adapter(
             raise ValueError(f"adapter {name!r} is already registered to {old.target}")
         declared = _DECLARED_ADAPTERS.get(name)
         if declared is not None and spec != declared:
-            family = FAMILY_PACKAGES[_FAMILY_OF[name]]
+            family = FAMILY_MANIFESTS[_FAMILY_OF[name]]
             raise ValueError(
                 f"adapter {name!r} is registered as {spec} but declared in omni/registry.py as "
                 f"{declared} (the manifest of family {family}); make them equal"
@@ -233,5 +236,5 @@ def known_adapters() -> list[str]:
     return sorted(ADAPTER_SPECS)
 
 
-for _package in dict.fromkeys((*FAMILIES, *_installed_families())):
-    add_family(_package)
+for _manifest in dict.fromkeys((*FAMILIES, *_installed_families())):
+    add_family(_manifest)

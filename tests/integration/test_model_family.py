@@ -79,7 +79,7 @@ stages:
     inputs: [lm]
     input_processor: tinyfam_to_embeds{STAGE}
 """
-ENTRY_POINT = "[omni.model_families]\ntinyfam = tinyfam\n"  # the one line (and its section)
+ENTRY_POINT = "[omni.model_families]\ntinyfam = tinyfam.family\n"  # the one line (and its section)
 
 RUN = """
 import json, sys

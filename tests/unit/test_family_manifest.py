@@ -27,7 +27,7 @@ def test_builtin_families_declare_what_omni_knows():
     assert registry.family_of("embeds_lm") is registry.MODEL_FAMILIES["two_stage"]
     assert registry.family_for_model_type("qwen2_5_omni") is qwen
     assert registry.family_for_model_type("llama") is None  # the causal-LM fallback claims none
-    assert read_manifest("stages.qwen2_5_omni") == qwen  # read again: an equal manifest
+    assert read_manifest("stages.qwen2_5_omni.family") == qwen  # read again: an equal manifest
 
 
 def test_manifests_check_themselves():
@@ -45,7 +45,8 @@ def test_manifests_check_themselves():
     assert ModelFamily("f", model_types=["x"]).model_types == ("x",)  # type: ignore[arg-type]
 
 
-def _package(root, name: str, manifest: str | None) -> str:
+def _manifest(root, name: str, manifest: str | None) -> str:
+    """A package `name` in `root` with its manifest module (none when `manifest` is None)."""
     (root / name).mkdir()
     (root / name / "__init__.py").write_text(
         "raise ImportError('a manifest is read, not imported')\n"
@@ -54,13 +55,13 @@ def _package(root, name: str, manifest: str | None) -> str:
         (root / name / "family.py").write_text(
             "from omni.family import AdapterSpec, EdgeSpec, ModelFamily\n" + manifest
         )
-    return name
+    return f"{name}.family"
 
 
 def test_a_family_that_takes_a_name_is_refused_whole(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     before = (dict(registry.ADAPTER_SPECS), dict(registry.MODEL_FAMILIES))
-    clash = _package(
+    clash = _manifest(
         tmp_path,
         "clash_family",
         "FAMILY = ModelFamily('clash', adapters=(AdapterSpec('fresh', 'm:A'), "
@@ -70,15 +71,15 @@ def test_a_family_that_takes_a_name_is_refused_whole(tmp_path, monkeypatch):
     with pytest.raises(ValueError) as e:
         registry.add_family(clash)
     assert str(e.value) == (
-        "model family 'clash' (clash_family): already declared: adapter 'causal_lm', input "
+        "model family 'clash' (clash_family.family): already declared: adapter 'causal_lm', input "
         "processor 'hidden_to_embeds', model_type 'qwen2_5_omni' (by qwen2_5_omni)"
     )
     assert before == (registry.ADAPTER_SPECS, registry.MODEL_FAMILIES)  # nothing added
     with pytest.raises(ValueError, match="model family 'qwen2_5_omni' .*: the name is taken"):
-        registry.add_family(_package(tmp_path, "again", "FAMILY = ModelFamily('qwen2_5_omni')\n"))
+        registry.add_family(_manifest(tmp_path, "again", "FAMILY = ModelFamily('qwen2_5_omni')\n"))
     with pytest.raises(ValueError, match="must bind FAMILY = ModelFamily"):
-        registry.add_family(_package(tmp_path, "unbound", "family = None\n"))
-    with pytest.raises(ValueError, match="no manifest .*bare/family.py"):
-        registry.add_family(_package(tmp_path, "bare", None))
+        registry.add_family(_manifest(tmp_path, "unbound", "family = None\n"))
+    with pytest.raises(ValueError, match="'bare.family': no module 'family' found"):
+        registry.add_family(_manifest(tmp_path, "bare", None))
     with pytest.raises(ValueError, match="'nowhere.sub': no package 'nowhere' found"):
         registry.add_family("nowhere.sub")
