@@ -83,7 +83,7 @@ class RoutedInput:
 @dataclass(frozen=True)
 class RoutedDelta:
     """The next piece of a streaming request's upstream result, for a stage already running it;
-    the edge's delta processor (omni/registry.py: EdgeStreaming) turns it into an InputDelta."""
+    the edge's delta processor (omni/family.py: EdgeStreaming) turns it into an InputDelta."""
 
     request_id: str
     piece: StageResult

@@ -49,9 +49,9 @@ STAGE_THREADS = ("auto", "shared", "per_stage")
 STAGE_CONFIG_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "stage_configs"
 )
-"""Where per-family pipelines live: stage_configs/<model_type>.yaml, the folder beside the omni
-package: the project's top level in a checkout, site-packages in a wheel install (pyproject.toml
-ships it as the data package `stage_configs`)."""
+"""Where the families' pipelines live (stage_configs/<ModelFamily.stage_config>.yaml): the folder
+beside the omni package, the project's top level in a checkout, site-packages in a wheel install
+(pyproject.toml ships it as the data package `stage_configs`)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class StageConfig:
     kind: str = "ar"
     """ar (autoregressive, KV cache) or generation (one-shot, e.g. a vocoder)."""
     adapter: str = "causal_lm"
-    """Registered stage model adapter (omni/registry.py) that loads and runs the model."""
+    """Stage model adapter (declared by a model family, omni/family.py) that loads and runs the model."""
     inputs: tuple[str, ...] = ()
     """Upstream stage names; empty for a root stage, which receives the user's prompts."""
     input_processor: str | None = None

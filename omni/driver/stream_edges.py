@@ -1,7 +1,7 @@
 """StreamEdges: which edges of a streaming request start their consumer early, and what they send.
 
 A request added with stream_audio=True runs every edge whose consumer has `stream.enabled` (and
-an input processor that can stream, omni/registry.py EDGE_STREAMING) as a stream: once the
+an input processor that can stream: its family manifest's EdgeSpec.stream) as a stream: once the
 upstream stage has reported `min_upstream_tokens` tokens, the consumer gets a RoutedInput with the
 partial upstream result (input_complete=False), and every later upstream report becomes a
 RoutedDelta piece, the last (finish_reason set) sent when the upstream finishes. Pieces carry the
