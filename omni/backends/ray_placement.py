@@ -25,7 +25,7 @@ def check_free(config: OmniConfig, session: Any) -> None:
     totals: dict[str, float] = {}
     for stage in config.stages:
         for key, amount in stage.resources.as_ray_resources().items():
-            totals[key] = totals.get(key, 0.0) + amount
+            totals[key] = totals.get(key, 0.0) + amount * stage.resources.replicas
     deadline = time.monotonic() + FREE_WAIT_S
     while True:
         free = session.available_resources()
@@ -42,11 +42,12 @@ def check_free(config: OmniConfig, session: Any) -> None:
         )
 
 
-def placement_bundles(config: OmniConfig, order: list[str]) -> dict[str, dict[str, float]]:
-    """Stage name -> its bundle (its resources, no zero entries), in `order`."""
+def placement_bundles(config: OmniConfig, stages: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Replica name -> its bundle (its stage's resources, no zero entries), in the order of
+    `stages` (replica name -> stage name)."""
     bundles = {}
-    for name in order:
-        wanted = config.stage(name).resources.as_ray_resources()
+    for name, stage in stages.items():
+        wanted = config.stage(stage).resources.as_ray_resources()
         bundles[name] = wanted or {"CPU": MIN_BUNDLE_CPU}
     return bundles
 
