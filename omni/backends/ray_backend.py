@@ -21,9 +21,9 @@ driver routes their refs, and receives tensors only in `fetch` (what the caller 
 streamed audio chunks; `driver_bytes` counts those per stage (stats: driver_tensor_bytes).
 
 Placement (`runtime.placement`): none lets Ray place each actor on its own; pack or spread reserve
-one Ray placement group (strategy PACK or SPREAD) with a bundle per replica (its stage's
-resources), and each replica's actor, a replacement too, runs in its bundle. shutdown() removes
-the group.
+Ray placement groups (strategy PACK or SPREAD, see ray_placement.placement_groups) with a bundle
+per replica (its stage's resources), and each replica's actor, a replacement too, runs in its
+bundle. shutdown() removes the groups.
 """
 
 from __future__ import annotations
@@ -37,7 +37,12 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
-from omni.backends.ray_placement import check_free, placement_bundles, wait_placed
+from omni.backends.ray_placement import (
+    check_free,
+    placement_bundles,
+    placement_groups,
+    wait_placed,
+)
 from omni.backends.ray_session import RaySession, ray_error_cause
 from omni.backends.ray_start import create_actor, replica_order, wait_ready
 from omni.backends.replica_set import DEAD, RESTARTING, ReplicaSet, summed_stats
@@ -74,10 +79,10 @@ class RayBackend:
         self._lock = threading.Lock()  # guards every dict below: any thread may submit or abort
         routing = config.runtime.replica_routing
         self.replicas = {s.name: ReplicaSet(s, routing) for s in config.stages}
-        self._where = {  # replica name -> (stage, index, bundle index)
-            self.replicas[stage].names[i]: (stage, i, bundle)
-            for bundle, (stage, i) in enumerate(replica_order(config))
+        self._where = {  # replica name -> (stage, index)
+            self.replicas[stage].names[i]: (stage, i) for stage, i in replica_order(config)
         }
+        self._bundle: dict[str, tuple[int, int]] = {}  # replica -> (group, bundle) in self.pgs
         self.actors: dict[str, Any] = {}  # replica name -> its actor
         self.num_restarts = dict.fromkeys(self._where, 0)
         self._polls: dict[Any, str] = {}  # outstanding poll ref -> replica
@@ -87,7 +92,7 @@ class RayBackend:
         self._dead: dict[str, str] = {}  # replica gone for good -> why
         self._events: list[StageEvent] = []  # made here: errors for work no replica can take
         self.driver_bytes = dict.fromkeys(self.replicas, 0)  # tensor bytes the driver received
-        self.pg: PlacementGroup | None = None  # runtime.placement pack/spread
+        self.pgs: list[PlacementGroup] = []  # runtime.placement pack/spread
         self.placement: dict[str, dict[str, Any]] = {}
         try:
             # Ray would leave an actor that fits nowhere pending forever: refuse up front.
@@ -99,10 +104,13 @@ class RayBackend:
             check_free(config, self.session)
             if config.runtime.placement != "none":
                 strategy = config.runtime.placement.upper()
-                stages = {name: stage for name, (stage, _, _) in self._where.items()}
-                bundles = placement_bundles(config, stages)
-                self.pg = placement_group(list(bundles.values()), strategy=strategy)
-                wait_placed(self.pg, strategy, bundles, self.session, self.timeout_s)
+                for group in placement_groups(config, self._where):
+                    bundles = placement_bundles(config, group)
+                    pg = placement_group(list(bundles.values()), strategy=strategy)
+                    self.pgs.append(pg)
+                    wait_placed(pg, strategy, bundles, self.session, self.timeout_s)
+                    for i, name in enumerate(group):
+                        self._bundle[name] = (len(self.pgs) - 1, i)
             for name in self._where:
                 self.actors[name] = self._create(name)
             self.placement = wait_ready(self.actors, self.timeout_s)
@@ -112,9 +120,15 @@ class RayBackend:
             self.shutdown()
             raise
 
+    @property
+    def pg(self) -> PlacementGroup | None:
+        """The (first) placement group: the only one but for spread with replicas."""
+        return self.pgs[0] if self.pgs else None
+
     def _create(self, replica: str) -> Any:
-        stage, _, bundle = self._where[replica]
-        return create_actor(self.config, stage, self.processors, self.pg, bundle)
+        group, bundle = self._bundle.get(replica, (0, 0))
+        pg = self.pgs[group] if self.pgs else None
+        return create_actor(self.config, self._where[replica][0], self.processors, pg, bundle)
 
     def _start_poll(self, replica: str) -> None:
         self._polls[self.actors[replica].poll.remote(ACTOR_POLL_S)] = replica
@@ -177,7 +191,7 @@ class RayBackend:
         return events
 
     def _replace(self, replica: str, e: BaseException) -> StageDied:
-        stage, index, _ = self._where[replica]
+        stage, index = self._where[replica]
         replicas = self.replicas[stage]
         why = f"stage {replica!r}: its Ray actor died ({type(e).__name__}: {ray_error_cause(e)})"
         logger.error("%s", why)
@@ -200,7 +214,7 @@ class RayBackend:
         return StageDied(stage, why, restarting=True, request_ids=request_ids)
 
     def _on_restarted(self, replica: str, ref: Any) -> list[StageEvent]:
-        stage, index, _ = self._where[replica]
+        stage, index = self._where[replica]
         held = self._held.pop(replica, [])
         try:
             self.placement[replica] = ray.get(ref, timeout=self.timeout_s)
@@ -303,8 +317,8 @@ class RayBackend:
             for actor in actors.values():
                 with contextlib.suppress(Exception):
                     ray.kill(actor, no_restart=True)
-        pg, self.pg = self.pg, None
-        if pg is not None and ray.is_initialized():
+        pgs, self.pgs = self.pgs, []
+        for pg in pgs if ray.is_initialized() else []:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
         self.session.close()

@@ -42,6 +42,25 @@ def check_free(config: OmniConfig, session: Any) -> None:
         )
 
 
+def placement_groups(
+    config: OmniConfig, replicas: dict[str, tuple[str, int]]
+) -> list[dict[str, str]]:
+    """The placement groups to reserve, each as replica name -> stage name in bundle order
+    (`replicas`: replica name -> (stage, index), in the order to place them). pack: one group.
+    spread: one group too, unless a stage has several replicas: then one group per stage,
+    since SPREAD puts a group's bundles on distinct nodes first (while there are nodes) but
+    gives no such promise for two bundles among many: a stage's replicas land on different
+    nodes, and each stage's group on the nodes least used by those placed before it."""
+    everything = {name: stage for name, (stage, _) in replicas.items()}
+    several = any(config.stage(s).resources.replicas > 1 for s in everything.values())
+    if config.runtime.placement == "pack" or not several:
+        return [everything]
+    groups: dict[str, dict[str, str]] = {}
+    for name, stage in everything.items():
+        groups.setdefault(stage, {})[name] = stage
+    return [groups[stage] for stage in config.topological_order()]
+
+
 def placement_bundles(config: OmniConfig, stages: dict[str, str]) -> dict[str, dict[str, float]]:
     """Replica name -> its bundle (its stage's resources, no zero entries), in the order of
     `stages` (replica name -> stage name)."""
