@@ -23,7 +23,6 @@ from omni.messages import (
 )
 from tests.unit.test_router import RecordingBackend
 
-
 STAGES = {
     "stages": [
         {"name": "a", "model": "m"},
