@@ -16,9 +16,8 @@ replicas; a stage with none up holds them and sends them once the new actor is r
 limit the replica stays dead; once every replica of a stage is, the stage is dead and new
 requests needing it fail at once.
 
-Data plane: finished results and step rows stay in the producing actor's object store; the
-driver routes their refs, and receives tensors only in `fetch` (what the caller gets back) and in
-streamed audio chunks; `driver_bytes` counts those per stage (stats: driver_tensor_bytes).
+Data plane: results and step rows stay in their producer's object store, the driver routes refs;
+`driver_bytes` counts the tensor bytes it did receive (`fetch`, audio chunks) per stage.
 
 Placement (`runtime.placement`): none lets Ray place each actor on its own; pack or spread reserve
 Ray placement groups (strategy PACK or SPREAD, see ray_placement.placement_groups) with a bundle
@@ -35,17 +34,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from omni.backends.ray_placement import (
-    check_free,
-    placement_bundles,
-    placement_groups,
-    wait_placed,
-)
+from omni.backends.ray_placement import check_free, reserve
 from omni.backends.ray_session import RaySession, ray_error_cause
 from omni.backends.ray_start import create_actor, replica_order, wait_ready
-from omni.backends.replica_set import DEAD, RESTARTING, ReplicaSet, summed_stats
+from omni.backends.replica_set import DEAD, RESTARTING, ReplicaSet, combined_stats
 from omni.backends.transport import pack_input, tensor_bytes, unpack_event, unpack_result
 from omni.config import OmniConfig, check_resources
 from omni.config.devices import plan_gpus
@@ -85,9 +79,9 @@ class RayBackend:
         self._bundle: dict[str, tuple[int, int]] = {}  # replica -> (group, bundle) in self.pgs
         self.actors: dict[str, Any] = {}  # replica name -> its actor
         self.num_restarts = dict.fromkeys(self._where, 0)
-        self._polls: dict[Any, str] = {}  # outstanding poll ref -> replica
-        self._calls: dict[Any, str] = {}  # outstanding submit ref -> replica
-        self._starting: dict[Any, str] = {}  # ready ref of a replacement actor -> replica
+        self._polls: dict[Any, str] = {}  # outstanding ref -> replica: poll, submit, ready
+        self._calls: dict[Any, str] = {}
+        self._starting: dict[Any, str] = {}  # (of a replacement actor)
         self._held: dict[str, list[Item]] = {}  # restarting replica -> submits
         self._dead: dict[str, str] = {}  # replica gone for good -> why
         self._events: list[StageEvent] = []  # made here: errors for work no replica can take
@@ -102,15 +96,8 @@ class RayBackend:
             self.config = config = plan_gpus(config, num_gpus=num_gpus, what=what)
             check_resources(config, nodes)
             check_free(config, self.session)
-            if config.runtime.placement != "none":
-                strategy = config.runtime.placement.upper()
-                for group in placement_groups(config, self._where):
-                    bundles = placement_bundles(config, group)
-                    pg = placement_group(list(bundles.values()), strategy=strategy)
-                    self.pgs.append(pg)
-                    wait_placed(pg, strategy, bundles, self.session, self.timeout_s)
-                    for i, name in enumerate(group):
-                        self._bundle[name] = (len(self.pgs) - 1, i)
+            if config.runtime.placement != "none":  # groups kept as made: shutdown removes them
+                reserve(config, self._where, self.session, self.timeout_s, self.pgs, self._bundle)
             for name in self._where:
                 self.actors[name] = self._create(name)
             self.placement = wait_ready(self.actors, self.timeout_s)
@@ -280,23 +267,8 @@ class RayBackend:
                 }
             except ray.exceptions.RayError as e:
                 raise RuntimeError(f"stage {name!r}: stats failed: {ray_error_cause(e)}") from e
-        out: dict[str, dict[str, Any]] = {}
-        for stage in self.config.topological_order():
-            names = self.replicas[stage].names
-            live = [each[n] for n in names if n not in down]
-            if len(names) == 1:
-                entry = each[stage]
-            elif live:
-                entry = {
-                    **summed_stats(stage, live),
-                    "replicas_down": [n for n in names if n in down],
-                }
-            else:
-                entry = {"stage": stage, "error": "; ".join(down[n] for n in names)}
-            out[stage] = {**entry, "driver_tensor_bytes": driver_bytes[stage]}
-            if len(names) > 1:
-                out.update({n: each[n] for n in names})
-        return out
+        order = self.config.topological_order()
+        return combined_stats([self.replicas[stage] for stage in order], each, down, driver_bytes)
 
     def dead_stages(self) -> dict[str, str]:
         """Stages with every replica gone for good (a restarting one holds its submits)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ray.util.placement_group import PlacementGroup
+from ray.util.placement_group import PlacementGroup, placement_group
 
 from omni.config import ConfigError, OmniConfig
 
@@ -40,6 +40,27 @@ def check_free(config: OmniConfig, session: Any) -> None:
             "free on the Ray cluster: other actors hold the rest (an Omni that was not shut "
             "down? call shutdown() or use it as a context manager)"
         )
+
+
+def reserve(
+    config: OmniConfig,
+    replicas: dict[str, tuple[str, int]],
+    session: Any,
+    timeout_s: float,
+    pgs: list[PlacementGroup],
+    bundle_of: dict[str, tuple[int, int]],
+) -> None:
+    """Reserve the placement groups (`placement_groups`), appending each to `pgs` as soon as it
+    exists (the caller removes them, also when this raises), and every replica's
+    (group index, bundle index) to `bundle_of`."""
+    strategy = config.runtime.placement.upper()
+    for group in placement_groups(config, replicas):
+        bundles = placement_bundles(config, group)
+        pg = placement_group(list(bundles.values()), strategy=strategy)
+        pgs.append(pg)
+        wait_placed(pg, strategy, bundles, session, timeout_s)
+        for i, name in enumerate(group):
+            bundle_of[name] = (len(pgs) - 1, i)
 
 
 def placement_groups(

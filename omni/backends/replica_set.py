@@ -106,3 +106,29 @@ def summed_stats(stage: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = out[num] / out[den] if out.get(den) else None
     out.pop("kv_recent_hit_rate", None)  # a window per replica: not summable
     return out
+
+
+def combined_stats(
+    stages: list[ReplicaSet],
+    each: dict[str, dict[str, Any]],
+    down: dict[str, str],
+    driver_bytes: dict[str, int],
+) -> dict[str, dict[str, Any]]:
+    """Every stage's entry (in `stages` order): a single replica's own; else the sum of those
+    up (`replicas_down` naming the others), followed by each replica's as `stage/i`; a stage
+    with none up: its error. each: replica name -> its stats (or its error); down: replica
+    name -> why; driver_bytes: stage -> tensor bytes the driver received from it."""
+    out: dict[str, dict[str, Any]] = {}
+    for replicas in stages:
+        stage, names = replicas.stage, replicas.names
+        live = [each[n] for n in names if n not in down]
+        if len(names) == 1:
+            entry = each[stage]
+        elif live:
+            entry = {**summed_stats(stage, live), "replicas_down": [n for n in names if n in down]}
+        else:
+            entry = {"stage": stage, "error": "; ".join(down[n] for n in names)}
+        out[stage] = {**entry, "driver_tensor_bytes": driver_bytes[stage]}
+        if len(names) > 1:
+            out.update({n: each[n] for n in names})
+    return out
