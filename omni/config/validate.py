@@ -209,9 +209,9 @@ def check_resources(config: Any, nodes: list[dict[str, float]]) -> None:
     field = {"CPU": "num_cpus", "GPU": "num_gpus"}
     totals: dict[str, float] = {}
     for stage in config.stages:
-        demand = stage.resources.as_ray_resources()
+        demand = stage.resources.as_ray_resources()  # per replica: each is an actor
         for key, amount in demand.items():
-            totals[key] = totals.get(key, 0.0) + amount
+            totals[key] = totals.get(key, 0.0) + amount * stage.resources.replicas
         if any(all(n.get(k, 0.0) + _EPS >= v for k, v in demand.items()) for n in nodes):
             continue
         for key, amount in demand.items():

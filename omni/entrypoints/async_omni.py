@@ -191,9 +191,10 @@ class AsyncOmni:
         """Per-stage engine statistics (steps, prefix-cache queries and hits, output cache)."""
         return self._driver().stats()
 
-    async def check_health(self) -> None:
-        """Returns if every stage answers; raises RuntimeError naming a dead stage otherwise."""
-        await asyncio.to_thread(self._driver().check_health)
+    async def check_health(self) -> list[str]:
+        """Returns if every stage answers (a stage with a replica up does), with the replicas
+        that are down; raises RuntimeError naming a dead stage otherwise."""
+        return await asyncio.to_thread(self._driver().check_health)
 
     @property
     def num_requests(self) -> int:

@@ -185,12 +185,15 @@ class Omni:
             future.cancel()  # an abandoned stream: the requests' generators abort them
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Per-stage engine statistics (steps, prefix-cache queries and hits, output cache)."""
+        """Per-stage engine statistics (steps, prefix-cache queries and hits, output cache);
+        a stage with replicas: their sum, and each replica's as `stage/i`."""
         return self.async_omni.stats()
 
-    def check_health(self) -> None:
-        """Returns if every stage answers; raises RuntimeError naming a dead stage otherwise."""
-        self._call(self.async_omni.check_health())
+    def check_health(self) -> list[str]:
+        """Returns if every stage answers (a stage with a replica up does), with the replicas
+        that are down; raises RuntimeError naming a dead stage otherwise."""
+        result: list[str] = self._call(self.async_omni.check_health())
+        return result
 
     def shutdown(self) -> None:
         """Stop every stage (and a Ray instance this Omni started). Safe to call twice."""
