@@ -78,12 +78,15 @@ class RoutedInput:
     `RoutedDelta`s bring the rest (StageInput.input_complete)."""
     step_rows: bool = False
     """As StageInput.step_rows (this stage has a consumer that takes its rows as they come)."""
+    rows: DeferredRows | None = None
+    """The partial upstream result's per-token rows (input_complete=False), resolved where
+    this stage runs into that result's tensors: they never pass through the driver."""
 
 
 @dataclass(frozen=True)
 class RoutedDelta:
     """The next piece of a streaming request's upstream result, for a stage already running it;
-    the edge's delta processor (omni/registry.py: EdgeStreaming) turns it into an InputDelta."""
+    the edge's delta processor (omni/family.py: EdgeStreaming) turns it into an InputDelta."""
 
     request_id: str
     piece: StageResult
@@ -92,6 +95,21 @@ class RoutedDelta:
     offset: int
     """Upstream tokens sent before this piece: pieces may arrive out of order and are applied
     in order."""
+    rows: DeferredRows | None = None
+    """The piece's per-token rows (an edge that needs rows), resolved where this stage runs
+    into piece.tensors."""
+
+
+@dataclass(frozen=True)
+class DeferredRows:
+    """Per-token rows of one request that stay with their producer until the consumer resolves
+    them (StageHost's `resolve`): the request's rows in each of `parts` (step-row payloads, see
+    StageUpdate.rows) in order, then those of `finished` (a finished result's payload) from row
+    `skip` on. In-process the payloads are the values themselves; under Ray, object refs."""
+
+    parts: tuple[Any, ...] = ()
+    finished: Any = None
+    skip: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,6 +174,12 @@ class StageUpdate:
     audio: Any = None
     """A new waveform chunk (a streaming vocoder), continuing the chunks reported before."""
     sample_rate: int | None = None
+    rows: Any = None
+    """What the host makes of `tensors` before the update leaves it: a payload of its step's
+    rows ({request_id: {name: rows}} for every request of the step; an object ref under Ray)
+    that the driver forwards to streaming consumers (DeferredRows) without reading it."""
+    num_rows: int = 0
+    """How many rows `rows` holds for this request."""
 
 
 @dataclass(frozen=True)
@@ -169,12 +193,15 @@ class Finished:
 
 @dataclass(frozen=True)
 class StageDied:
-    """A stage's host is gone (its actor died); requests in it are lost. `restarting`: a new
-    host is on its way and will take new requests."""
+    """A stage's host (one of its replicas) is gone (its actor died); requests in it are lost.
+    `restarting`: a new host is on its way and will take new requests."""
 
     stage: str
     error: str
     restarting: bool
+    request_ids: frozenset[str] | None = None
+    """The requests lost with it: those its replica held (a stage with other replicas goes on);
+    None: every request in the stage."""
 
 
 StageEvent = StageUpdate | Finished | StageDied

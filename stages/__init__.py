@@ -1,6 +1,9 @@
-"""Stage model adapters and stage-to-stage input processors, one module per model family.
+"""Model families, one package each: stage model adapters, stage-to-stage input processors and
+prompt processors.
 
-Each module registers its adapters and processors into omni's registry (omni/registry.py) when
-imported; the built-ins are also declared there by name, so `omni validate` knows them without
-importing any model code.
+Each family declares itself once, in its manifest module (`FAMILY = ModelFamily(...)`,
+omni/family.py): `family.py` in its package, or `<name>_family.py` beside a one-module family
+(causal_lm.py, two_stage.py); the manifest module is its one line in omni/registry.py's FAMILIES. omni reads the manifests
+without importing the packages and imports each named class on first use.
+docs/adding_a_model_family.md walks through adding one.
 """

@@ -10,7 +10,6 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, StageModelBase
 
@@ -30,7 +29,6 @@ def load_kwargs(device: torch.device) -> dict[str, Any]:
     return {"device_map": str(device)}
 
 
-@register_adapter("causal_lm", requires_causal_lm=True)
 class CausalLMAdapter(StageModelBase):
     def __init__(
         self,

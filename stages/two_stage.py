@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from omni.messages import PromptInput, StageInput, StageResult
-from omni.registry import register_adapter, register_input_processor
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel
 from stages.causal_lm import CausalLMAdapter
 
@@ -34,7 +33,6 @@ RMS_ROWS = 8192  # embedding rows squared at a time when computing the projectio
 EMBEDS_KEY = "prompt_embeds"
 
 
-@register_input_processor("hidden_to_embeds")
 def hidden_to_embeds(upstream: dict[str, StageResult], prompt: PromptInput) -> StageInput:
     if len(upstream) != 1:
         raise ValueError(f"expects exactly one upstream stage, got {sorted(upstream)}")
@@ -57,7 +55,6 @@ def hidden_to_embeds(upstream: dict[str, StageResult], prompt: PromptInput) -> S
     )
 
 
-@register_adapter("embeds_lm", requires_causal_lm=True)
 class EmbedsLMAdapter(CausalLMAdapter):
     def __init__(
         self,

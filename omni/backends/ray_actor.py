@@ -6,7 +6,8 @@ computes at the same time as the others and a call never waits for a model step.
 
 Finished results leave as (light result, ObjectRef): the full result, with tensors as numpy arrays
 (omni/backends/transport.py), is `ray.put` by this actor, which owns it; the driver passes the ref
-on to the consumer stages' actors, whose `submit` fetches it from the object store directly.
+on to the consumer stages' actors, whose `submit` fetches it from the object store directly. A
+step's per-token rows (step_rows requests) leave the same way, one object per step.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from typing import Any
 
 import ray
 
-from omni.backends.transport import pack_event, pack_result, unpack_input, unpack_result
+from omni.backends.transport import (
+    pack,
+    pack_event,
+    pack_result,
+    unpack,
+    unpack_input,
+    unpack_result,
+)
 from omni.config import StageConfig
 from omni.host import Processor, StageHost
 from omni.messages import RoutedDelta, RoutedInput, StageEvent, StageInput, StageResult
@@ -72,15 +80,19 @@ class StageActor:
         self.host.shutdown()
 
     # One object per result: each request's tensors are fetched (and freed) independently.
+    # A step's rows ({request_id: {name: rows}}) are one object for all of its requests.
     @staticmethod
-    def _put(result: StageResult) -> Any:
-        return ray.put(pack_result(result))
+    def _put(value: StageResult | dict[str, Any]) -> Any:
+        return ray.put(pack_result(value) if isinstance(value, StageResult) else pack(value))
 
-    def _fetch(self, refs: list[Any]) -> list[StageResult]:
+    def _fetch(self, refs: list[Any]) -> list[Any]:
         try:
             packed = ray.get(refs, timeout=self.fetch_timeout_s)
         except (ray.exceptions.RayError, TimeoutError) as e:
             raise ValueError(
                 f"stage {self.name!r}: cannot fetch upstream results: {type(e).__name__}: {e}"
             ) from e
-        return [unpack_result(r) for r in packed]
+        # Step rows as read-only views: the consumer copies only its request's rows out.
+        return [
+            unpack_result(r) if isinstance(r, StageResult) else unpack(r, False) for r in packed
+        ]

@@ -1,17 +1,28 @@
-"""The Ray backend: one StageActor per stage, placed by its config's resources, restarted on death.
+"""The Ray backend: one StageActor per stage replica, placed by its config's resources, restarted
+on death.
+
+Replicas (`resources.replicas`): each is an actor of its own with its own caches; which one takes
+a request, and that every later item of it (streamed pieces, aborts) goes to the same one, is
+omni/backends/replica_set.py. A stage with one replica keeps the stage's name everywhere.
 
 Waiting (`poll`): every actor always has one outstanding `poll` call; the driver waits on all of
 them (and on submits and restarting actors) at once with `ray.wait`. A dead actor makes its
-outstanding call fail at once, so a killed stage surfaces within a second.
+outstanding call fail at once, so a killed replica surfaces within a second.
 
-Recovery: a dead stage is reported as `StageDied` (the driver fails the requests it held, naming
-it) and replaced by a fresh actor, up to `runtime.max_stage_restarts` times per stage. Submits
-that arrive while the new actor loads its model are held and sent once it is ready, so requests
-sent after a death succeed. Past the limit the stage stays dead and new requests fail at once.
+Recovery: a dead replica is reported as `StageDied` with the requests it held (the driver fails
+those, naming the stage; the other replicas' go on) and replaced by a fresh actor, up to
+`runtime.max_stage_restarts` times per replica. While it restarts, new requests go to the other
+replicas; a stage with none up holds them and sends them once the new actor is ready. Past the
+limit the replica stays dead; once every replica of a stage is, the stage is dead and new
+requests needing it fail at once.
+
+Data plane: results and step rows stay in their producer's object store, the driver routes refs;
+`driver_bytes` counts the tensor bytes it did receive (`fetch`, audio chunks) per stage.
 
 Placement (`runtime.placement`): none lets Ray place each actor on its own; pack or spread reserve
-one Ray placement group (strategy PACK or SPREAD) with a bundle per stage (its resources), and
-each stage's actor, a replacement too, runs in its bundle. shutdown() removes the group.
+Ray placement groups (strategy PACK or SPREAD, see ray_placement.placement_groups) with a bundle
+per replica (its stage's resources), and each replica's actor, a replacement too, runs in its
+bundle. shutdown() removes the groups.
 """
 
 from __future__ import annotations
@@ -23,22 +34,33 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from omni.backends.ray_placement import check_free, placement_bundles, wait_placed
+from omni.backends.ray_placement import check_free, reserve
 from omni.backends.ray_session import RaySession, ray_error_cause
-from omni.backends.transport import pack_input, unpack_event, unpack_result
-from omni.config import ConfigError, OmniConfig, check_resources
+from omni.backends.ray_start import create_actor, replica_order, wait_ready
+from omni.backends.replica_set import DEAD, RESTARTING, ReplicaSet, combined_stats
+from omni.backends.transport import pack_input, tensor_bytes, unpack_event, unpack_result
+from omni.config import OmniConfig, check_resources
 from omni.config.devices import plan_gpus
 from omni.host import Processor
-from omni.messages import RoutedDelta, RoutedInput, StageDied, StageEvent, StageInput, StageResult
+from omni.messages import (
+    Finished,
+    RoutedDelta,
+    RoutedInput,
+    StageDied,
+    StageEvent,
+    StageInput,
+    StageResult,
+    StageUpdate,
+)
 
 logger = logging.getLogger(__name__)
 
 ACTOR_POLL_S = 1.0  # an actor's poll returns at least this often, even with nothing finished
 SHUTDOWN_WAIT_S = 5.0  # graceful actor shutdown before ray.kill
-MAX_CONCURRENCY = 4  # call threads per actor: poll + submit + abort/stats, beside the loop thread
+
+Item = StageInput | RoutedInput | RoutedDelta
 
 
 class RayBackend:
@@ -49,17 +71,22 @@ class RayBackend:
         self.max_restarts = config.runtime.max_stage_restarts
         self.session = RaySession(config.runtime)
         self._lock = threading.Lock()  # guards every dict below: any thread may submit or abort
-        self.actors: dict[str, Any] = {}
-        self.num_restarts = {name: 0 for name in config.stage_names}
-        self._polls: dict[Any, str] = {}  # outstanding poll ref -> stage
-        self._calls: dict[Any, str] = {}  # outstanding submit ref -> stage
-        self._starting: dict[Any, str] = {}  # ready ref of a replacement actor -> stage
-        self._held: dict[
-            str, list[StageInput | RoutedInput | RoutedDelta]
-        ] = {}  # restarting stage -> submits
-        self._dead: dict[str, str] = {}  # stage gone for good -> why
-        self.pg: PlacementGroup | None = None  # runtime.placement pack/spread
-        self._bundle = {name: i for i, name in enumerate(config.topological_order())}
+        routing = config.runtime.replica_routing
+        self.replicas = {s.name: ReplicaSet(s, routing) for s in config.stages}
+        self._where = {  # replica name -> (stage, index)
+            self.replicas[stage].names[i]: (stage, i) for stage, i in replica_order(config)
+        }
+        self._bundle: dict[str, tuple[int, int]] = {}  # replica -> (group, bundle) in self.pgs
+        self.actors: dict[str, Any] = {}  # replica name -> its actor
+        self.num_restarts = dict.fromkeys(self._where, 0)
+        self._polls: dict[Any, str] = {}  # outstanding ref -> replica: poll, submit, ready
+        self._calls: dict[Any, str] = {}
+        self._starting: dict[Any, str] = {}  # (of a replacement actor)
+        self._held: dict[str, list[Item]] = {}  # restarting replica -> submits
+        self._dead: dict[str, str] = {}  # replica gone for good -> why
+        self._events: list[StageEvent] = []  # made here: errors for work no replica can take
+        self.driver_bytes = dict.fromkeys(self.replicas, 0)  # tensor bytes the driver received
+        self.pgs: list[PlacementGroup] = []  # runtime.placement pack/spread
         self.placement: dict[str, dict[str, Any]] = {}
         try:
             # Ray would leave an actor that fits nowhere pending forever: refuse up front.
@@ -69,91 +96,60 @@ class RayBackend:
             self.config = config = plan_gpus(config, num_gpus=num_gpus, what=what)
             check_resources(config, nodes)
             check_free(config, self.session)
-            if config.runtime.placement != "none":
-                strategy = config.runtime.placement.upper()
-                bundles = placement_bundles(config, list(self._bundle))
-                self.pg = placement_group(list(bundles.values()), strategy=strategy)
-                wait_placed(self.pg, strategy, bundles, self.session, self.timeout_s)
-            for name in config.topological_order():
+            if config.runtime.placement != "none":  # groups kept as made: shutdown removes them
+                reserve(config, self._where, self.session, self.timeout_s, self.pgs, self._bundle)
+            for name in self._where:
                 self.actors[name] = self._create(name)
-            self.placement = self._wait_ready()
+            self.placement = wait_ready(self.actors, self.timeout_s)
             for name in self.actors:
                 self._start_poll(name)
         except BaseException:
             self.shutdown()
             raise
 
-    def _create(self, name: str) -> Any:
-        from omni.backends.ray_actor import StageActor
+    @property
+    def pg(self) -> PlacementGroup | None:
+        """The (first) placement group: the only one but for spread with replicas."""
+        return self.pgs[0] if self.pgs else None
 
-        stage = self.config.stage(name)
-        mine = {p: self.processors[p] for p in [stage.input_processor] if p is not None}
-        res = stage.resources
-        where: dict[str, Any] = {}
-        if self.pg is not None:  # a replacement goes into the same bundle as the first actor
-            where["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=self._bundle[name]
-            )
-        if not res.num_gpus:  # Ray 2.60 no longer hides the node's GPUs from such an actor
-            where["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
-        return StageActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
-            num_cpus=res.num_cpus,
-            num_gpus=res.num_gpus or 0,
-            resources=dict(res.custom) or None,
-            max_concurrency=MAX_CONCURRENCY,
-            **where,
-            max_restarts=0,  # this backend replaces dead actors itself (see the module doc)
-        ).remote(
-            stage,
-            mine,
-            log_level=self.config.runtime.log_level,
-            fetch_timeout_s=self.timeout_s,
-        )
+    def _create(self, replica: str) -> Any:
+        group, bundle = self._bundle.get(replica, (0, 0))
+        pg = self.pgs[group] if self.pgs else None
+        return create_actor(self.config, self._where[replica][0], self.processors, pg, bundle)
 
-    def _wait_ready(self) -> dict[str, dict[str, Any]]:
-        refs = {self.actors[name].ready.remote(): name for name in self.actors}
-        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=self.timeout_s)
-        if pending:
-            late = sorted(refs[r] for r in pending)
-            raise RuntimeError(
-                f"stage actor(s) {late} not ready after {self.timeout_s:g} s "
-                "(runtime.request_timeout_s): model loading too slow or resources unavailable"
-            )
-        placement = {}
-        for ref in ready:
-            name = refs[ref]
-            try:
-                placement[name] = ray.get(ref, timeout=self.timeout_s)
-            except ray.exceptions.RayError as e:  # the actor's __init__ raised
-                cause = ray_error_cause(e)
-                kind, sep, message = cause.partition(": ")
-                if sep and kind.rsplit(".", 1)[-1] == "ConfigError":  # e.g. a KV pool too big
-                    raise ConfigError(message) from e
-                raise RuntimeError(f"stage {name!r} failed to start: {cause}") from e
-        return placement
-
-    def _start_poll(self, name: str) -> None:
-        self._polls[self.actors[name].poll.remote(ACTOR_POLL_S)] = name
+    def _start_poll(self, replica: str) -> None:
+        self._polls[self.actors[replica].poll.remote(ACTOR_POLL_S)] = replica
 
     # ---- StageBackend -------------------------------------------------------------------------
-    def submit(self, stage: str, items: Sequence[StageInput | RoutedInput | RoutedDelta]) -> None:
+    def submit(self, stage: str, items: Sequence[Item]) -> None:
         wire = [pack_input(item) for item in items]
         with self._lock:
-            if stage in self._held:
-                self._held[stage].extend(wire)
-                return
-            self._calls[self.actors[stage].submit.remote(wire)] = stage
+            replicas = self.replicas[stage]
+            batches: dict[str, list[Item]] = {}
+            for item in wire:
+                index = replicas.route(item)
+                if index is not None:
+                    batches.setdefault(replicas.names[index], []).append(item)
+                elif not isinstance(item, RoutedDelta):  # a piece of a lost request: dropped
+                    why = "; ".join(self._dead[name] for name in replicas.names)
+                    error = StageResult(item.request_id, stage, [], [], "error", error=why)
+                    self._events.append(Finished(error, error))
+            for name, batch in batches.items():
+                if name in self._held:
+                    self._held[name].extend(batch)
+                else:
+                    self._calls[self.actors[name].submit.remote(batch)] = name
 
     def poll(self, timeout_s: float) -> list[StageEvent]:
         with self._lock:
             refs = [*self._polls, *self._calls, *self._starting]
-        if not refs:
-            return []
+            out, self._events = self._events, []
+        if out or not refs:
+            return out
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
         if not ready:
             return []
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        out: list[StageEvent] = []
         with self._lock:
             for ref in ready:
                 if ref in self._calls:
@@ -166,43 +162,60 @@ class RayBackend:
                     out.extend(self._on_poll(self._polls.pop(ref), ref))
         return out
 
-    def _on_poll(self, stage: str, ref: Any) -> list[StageEvent]:
+    def _on_poll(self, replica: str, ref: Any) -> list[StageEvent]:
         try:
             batch: list[StageEvent] = ray.get(ref, timeout=self.timeout_s)
         except ray.exceptions.RayError as e:  # the actor died, or its host's loop did
-            return [self._replace(stage, e)]
-        self._start_poll(stage)
-        return [unpack_event(event) for event in batch]
+            return [self._replace(replica, e)]
+        self._start_poll(replica)
+        events = [unpack_event(event) for event in batch]
+        stage = self._where[replica][0]
+        for event in events:
+            if isinstance(event, Finished):
+                self.replicas[stage].release(event.result.request_id)
+            elif isinstance(event, StageUpdate):
+                self.driver_bytes[stage] += tensor_bytes([event.tensors, event.audio])
+        return events
 
-    def _replace(self, stage: str, e: BaseException) -> StageDied:
-        why = f"stage {stage!r}: its Ray actor died ({type(e).__name__}: {ray_error_cause(e)})"
+    def _replace(self, replica: str, e: BaseException) -> StageDied:
+        stage, index = self._where[replica]
+        replicas = self.replicas[stage]
+        why = f"stage {replica!r}: its Ray actor died ({type(e).__name__}: {ray_error_cause(e)})"
         logger.error("%s", why)
         with contextlib.suppress(Exception):
-            ray.kill(self.actors[stage], no_restart=True)
-        self._calls = {r: s for r, s in self._calls.items() if s != stage}
-        if self.num_restarts[stage] >= self.max_restarts:
+            ray.kill(self.actors[replica], no_restart=True)
+        self._calls = {r: s for r, s in self._calls.items() if s != replica}
+        restarting = self.num_restarts[replica] < self.max_restarts
+        lost = replicas.lost(index, RESTARTING if restarting else DEAD)
+        # One replica: every request in the stage was in it (as before replicas).
+        request_ids = None if replicas.num_replicas == 1 else frozenset(lost)
+        if not restarting:
             limit = f"runtime.max_stage_restarts={self.max_restarts}"
-            self._dead[stage] = f"{why}; not restarted again ({limit})"
-            return StageDied(stage, why, restarting=False)
-        self.num_restarts[stage] += 1
-        logger.warning("restarting stage %r (restart %d)", stage, self.num_restarts[stage])
-        self.actors[stage] = self._create(stage)
-        self._starting[self.actors[stage].ready.remote()] = stage
-        self._held[stage] = []
-        return StageDied(stage, why, restarting=True)
+            self._dead[replica] = f"{why}; not restarted again ({limit})"
+            return StageDied(stage, why, restarting=False, request_ids=request_ids)
+        self.num_restarts[replica] += 1
+        logger.warning("restarting stage %r (restart %d)", replica, self.num_restarts[replica])
+        self.actors[replica] = self._create(replica)
+        self._starting[self.actors[replica].ready.remote()] = replica
+        self._held[replica] = []
+        return StageDied(stage, why, restarting=True, request_ids=request_ids)
 
-    def _on_restarted(self, stage: str, ref: Any) -> list[StageEvent]:
-        held = self._held.pop(stage, [])
+    def _on_restarted(self, replica: str, ref: Any) -> list[StageEvent]:
+        stage, index = self._where[replica]
+        held = self._held.pop(replica, [])
         try:
-            self.placement[stage] = ray.get(ref, timeout=self.timeout_s)
+            self.placement[replica] = ray.get(ref, timeout=self.timeout_s)
         except ray.exceptions.RayError as e:
-            why = f"stage {stage!r}: its replacement actor failed to start: {ray_error_cause(e)}"
-            self._dead[stage] = why
+            why = f"stage {replica!r}: its replacement actor failed to start: {ray_error_cause(e)}"
+            self._dead[replica] = why
+            lost = self.replicas[stage].lost(index, DEAD)
+            request_ids = None if self.replicas[stage].num_replicas == 1 else frozenset(lost)
             # The held requests are in flight in this stage: the driver fails them on this event.
-            return [StageDied(stage, why, restarting=False)]
-        self._start_poll(stage)
+            return [StageDied(stage, why, restarting=False, request_ids=request_ids)]
+        self.replicas[stage].restarted(index)
+        self._start_poll(replica)
         if held:
-            self._calls[self.actors[stage].submit.remote(held)] = stage
+            self._calls[self.actors[replica].submit.remote(held)] = replica
         return []
 
     def fetch(self, payloads: list[Any]) -> list[StageResult]:
@@ -211,42 +224,60 @@ class RayBackend:
             packed = iter(ray.get(refs, timeout=self.timeout_s)) if refs else iter(())
         except ray.exceptions.RayError as e:
             raise RuntimeError(f"fetching stage results failed: {ray_error_cause(e)}") from e
-        return [p if isinstance(p, StageResult) else unpack_result(next(packed)) for p in payloads]
+        out = [p if isinstance(p, StageResult) else unpack_result(next(packed)) for p in payloads]
+        with self._lock:
+            for result in out:
+                self.driver_bytes[result.stage] += tensor_bytes([result.tensors, result.audio])
+        return out
 
     def abort(self, stage: str, request_ids: list[str]) -> None:
         with self._lock:
-            if stage in self._held:
-                dropped = set(request_ids)
-                self._held[stage] = [i for i in self._held[stage] if i.request_id not in dropped]
-            elif stage in self.actors and stage not in self._dead:
-                self.actors[stage].abort.remote(request_ids)  # fire and forget: best effort
+            replicas = self.replicas[stage]
+            by_replica: dict[str, list[str]] = {}
+            for request_id in request_ids:
+                index = replicas.release(request_id)  # None: it left the stage already
+                if index is not None:
+                    by_replica.setdefault(replicas.names[index], []).append(request_id)
+            for name, ids in by_replica.items():
+                if name in self._held:
+                    dropped = set(ids)
+                    self._held[name] = [i for i in self._held[name] if i.request_id not in dropped]
+                elif name in self.actors and name not in self._dead:
+                    self.actors[name].abort.remote(ids)  # fire and forget: best effort
 
     def stats(self) -> dict[str, dict[str, Any]]:
+        """Each stage's; with replicas also each replica's (`stage/i`), the stage's entry then
+        their sum (replicas_down lists those not answering: restarting or dead)."""
         with self._lock:
-            actors = {n: a for n, a in self.actors.items() if n not in self._dead | self._held}
-            dead = dict(self._dead)
-            dead.update({n: f"stage {n!r}: restarting" for n in self._held})
+            down = {n: w for n, w in self._dead.items()}
+            down.update({n: f"stage {n!r}: restarting" for n in self._held})
+            actors = {n: a for n, a in self.actors.items() if n not in down}
+            driver_bytes = dict(self.driver_bytes)
         refs = {name: actor.stats.remote() for name, actor in actors.items()}
-        out: dict[str, dict[str, Any]] = {
-            name: {"stage": name, "error": w} for name, w in dead.items()
-        }
+        each: dict[str, dict[str, Any]] = {n: {"stage": n, "error": w} for n, w in down.items()}
         for name, ref in refs.items():
             try:
                 where = self.placement.get(name, {})
-                out[name] = {
+                each[name] = {
                     **ray.get(ref, timeout=self.timeout_s),
+                    "stage": name,
                     "restarts": self.num_restarts[name],
                     "node_id": where.get("node_id"),
                     "gpu_ids": where.get("gpu_ids"),
                 }
             except ray.exceptions.RayError as e:
                 raise RuntimeError(f"stage {name!r}: stats failed: {ray_error_cause(e)}") from e
-        return {name: out[name] for name in self.config.topological_order() if name in out}
+        order = self.config.topological_order()
+        return combined_stats([self.replicas[stage] for stage in order], each, down, driver_bytes)
 
     def dead_stages(self) -> dict[str, str]:
-        """Stages gone for good (a restarting stage holds its submits instead)."""
+        """Stages with every replica gone for good (a restarting one holds its submits)."""
         with self._lock:
-            return dict(self._dead)
+            return {
+                stage: "; ".join(self._dead[n] for n in replicas.names)
+                for stage, replicas in self.replicas.items()
+                if replicas.dead
+            }
 
     def shutdown(self) -> None:
         with self._lock:
@@ -258,8 +289,8 @@ class RayBackend:
             for actor in actors.values():
                 with contextlib.suppress(Exception):
                     ray.kill(actor, no_restart=True)
-        pg, self.pg = self.pg, None
-        if pg is not None and ray.is_initialized():
+        pgs, self.pgs = self.pgs, []
+        for pg in pgs if ray.is_initialized() else []:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
         self.session.close()

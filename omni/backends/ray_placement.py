@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ray.util.placement_group import PlacementGroup
+from ray.util.placement_group import PlacementGroup, placement_group
 
 from omni.config import ConfigError, OmniConfig
 
@@ -25,7 +25,7 @@ def check_free(config: OmniConfig, session: Any) -> None:
     totals: dict[str, float] = {}
     for stage in config.stages:
         for key, amount in stage.resources.as_ray_resources().items():
-            totals[key] = totals.get(key, 0.0) + amount
+            totals[key] = totals.get(key, 0.0) + amount * stage.resources.replicas
     deadline = time.monotonic() + FREE_WAIT_S
     while True:
         free = session.available_resources()
@@ -42,11 +42,52 @@ def check_free(config: OmniConfig, session: Any) -> None:
         )
 
 
-def placement_bundles(config: OmniConfig, order: list[str]) -> dict[str, dict[str, float]]:
-    """Stage name -> its bundle (its resources, no zero entries), in `order`."""
+def reserve(
+    config: OmniConfig,
+    replicas: dict[str, tuple[str, int]],
+    session: Any,
+    timeout_s: float,
+    pgs: list[PlacementGroup],
+    bundle_of: dict[str, tuple[int, int]],
+) -> None:
+    """Reserve the placement groups (`placement_groups`), appending each to `pgs` as soon as it
+    exists (the caller removes them, also when this raises), and every replica's
+    (group index, bundle index) to `bundle_of`."""
+    strategy = config.runtime.placement.upper()
+    for group in placement_groups(config, replicas):
+        bundles = placement_bundles(config, group)
+        pg = placement_group(list(bundles.values()), strategy=strategy)
+        pgs.append(pg)
+        wait_placed(pg, strategy, bundles, session, timeout_s)
+        for i, name in enumerate(group):
+            bundle_of[name] = (len(pgs) - 1, i)
+
+
+def placement_groups(
+    config: OmniConfig, replicas: dict[str, tuple[str, int]]
+) -> list[dict[str, str]]:
+    """The placement groups to reserve, each as replica name -> stage name in bundle order
+    (`replicas`: replica name -> (stage, index), in the order to place them). pack: one group.
+    spread: one group too, unless a stage has several replicas: then one group per stage,
+    since SPREAD puts a group's bundles on distinct nodes first (while there are nodes) but
+    gives no such promise for two bundles among many: a stage's replicas land on different
+    nodes, and each stage's group on the nodes least used by those placed before it."""
+    everything = {name: stage for name, (stage, _) in replicas.items()}
+    several = any(config.stage(s).resources.replicas > 1 for s in everything.values())
+    if config.runtime.placement == "pack" or not several:
+        return [everything]
+    groups: dict[str, dict[str, str]] = {}
+    for name, stage in everything.items():
+        groups.setdefault(stage, {})[name] = stage
+    return [groups[stage] for stage in config.topological_order()]
+
+
+def placement_bundles(config: OmniConfig, stages: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Replica name -> its bundle (its stage's resources, no zero entries), in the order of
+    `stages` (replica name -> stage name)."""
     bundles = {}
-    for name in order:
-        wanted = config.stage(name).resources.as_ray_resources()
+    for name, stage in stages.items():
+        wanted = config.stage(stage).resources.as_ray_resources()
         bundles[name] = wanted or {"CPU": MIN_BUNDLE_CPU}
     return bundles
 

@@ -78,6 +78,17 @@ def unpack(value: Any, copy: bool = True) -> Any:
     return value
 
 
+def tensor_bytes(value: Any) -> int:
+    """Bytes of every torch tensor inside dicts, lists and tuples (what a message carries)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
 def pack_result(result: StageResult) -> StageResult:
     return dataclasses.replace(result, tensors=pack(result.tensors), audio=pack(result.audio))
 

@@ -198,8 +198,8 @@ def _check_shares(stages: list[_Placed], backend: str) -> None:
                 f"{share:g} is more than the {fraction:g} GPU the stage takes "
                 f"(resources.num_gpus); stages sharing a GPU must not sum above 1",
             )
-        if fraction < 1:
-            fractional.append((given, placed))
+        if fraction < 1:  # each replica is an actor of its own that Ray may put beside others
+            fractional.extend([(given, placed)] * placed.resources.replicas)
         else:
             _check_sum([(given, placed)], "the stage has its GPU to itself")
     # Ray may put any set of fractional stages whose fractions sum to <= 1 on one GPU: the set

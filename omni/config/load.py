@@ -10,18 +10,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from omni.config.checkpoint import check_checkpoint, family_stage_config, read_model_config
 from omni.config.raw import load_raw
 from omni.config.schema import STAGE_CONFIG_DIR, OmniConfig, RuntimeConfig, StageConfig
-from omni.config.validate import (
-    STAGE_NAME,
-    ConfigError,
-    build,
-    check_checkpoint,
-    config_error,
-    read_model_config,
-    stage_path,
-    suggest,
-)
+from omni.config.validate import ConfigError, build, config_error, stage_path, suggest
 from omni.registry import get_adapter_spec
 
 
@@ -100,16 +92,14 @@ def config_for_model(
     model_dir: str | os.PathLike[str],
     overrides: Mapping[str, object] | Sequence[str] | None = None,
 ) -> OmniConfig:
-    """The pipeline for a checkpoint directory: stage_configs/<model_type>.yaml (with variable
-    MODEL=model_dir) when the checkpoint's config.json names a model_type that has such a file,
-    else a one-stage config (stage `llm`, adapter causal_lm) for a plain HF causal LM, whose
-    max_model_len is the checkpoint's max_position_embeddings."""
+    """The pipeline for a checkpoint directory: the stage config of the model family that
+    claims the model_type in its config.json (omni.registry, ModelFamily.stage_config; loaded
+    with variable MODEL=model_dir), else a one-stage config (stage `llm`, adapter causal_lm) for
+    a plain HF causal LM, whose max_model_len is the checkpoint's max_position_embeddings."""
     model_dir = os.path.abspath(os.path.expanduser(os.fspath(model_dir)))
     model_config = read_model_config(model_dir, "model")
-    model_type = model_config.get("model_type")
-    if isinstance(model_type, str) and STAGE_NAME.match(model_type):
-        family = os.path.join(STAGE_CONFIG_DIR, f"{model_type}.yaml")
-        if os.path.isfile(family):
-            return load_config(family, overrides, {"MODEL": model_dir})
+    family = family_stage_config(model_config.get("model_type"), STAGE_CONFIG_DIR)
+    if family is not None:
+        return load_config(family, overrides, {"MODEL": model_dir})
     stage: dict[str, Any] = {"name": "llm", "model": model_dir, "adapter": "causal_lm"}
     return load_config({"stages": [stage]}, overrides)

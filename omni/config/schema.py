@@ -45,13 +45,15 @@ KINDS = ADAPTER_KINDS
 BACKENDS = ("ray", "local")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 PLACEMENTS = ("none", "pack", "spread")
+REPLICA_ROUTINGS = ("cache_aware", "least_loaded", "round_robin")
+RETURN_TENSORS = ("final", "all")
 STAGE_THREADS = ("auto", "shared", "per_stage")
 STAGE_CONFIG_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "stage_configs"
 )
-"""Where per-family pipelines live: stage_configs/<model_type>.yaml, the folder beside the omni
-package: the project's top level in a checkout, site-packages in a wheel install (pyproject.toml
-ships it as the data package `stage_configs`)."""
+"""Where the families' pipelines live (stage_configs/<ModelFamily.stage_config>.yaml): the folder
+beside the omni package, the project's top level in a checkout, site-packages in a wheel install
+(pyproject.toml ships it as the data package `stage_configs`)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ class ResourcesConfig:
     GPUs; null: 0.1 for a generation stage, and the ar stages split what is left of one GPU."""
     custom: dict[str, float] = field(default_factory=dict)
     """Ray custom resources, e.g. {node_a: 1} to pin the stage to a labelled node."""
+    replicas: int = 1
+    """Copies of the stage (ray backend), each its own actor with its own caches and all of the
+    resources above; requests are spread over them by runtime.replica_routing."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -76,6 +81,7 @@ class ResourcesConfig:
         require(self.num_gpus is None or self.num_gpus >= 0, self, "num_gpus", ">= 0 or null")
         share = self.gpu_share
         require(share is None or 0 < share <= 1, self, "gpu_share", "in (0, 1] or null")
+        require(self.replicas >= 1, self, "replicas", "an integer >= 1")
         for key, amount in self.custom.items():
             require(amount >= 0, self, f"custom.{key}", ">= 0", amount)
             # Ray refuses these as custom resource names; point at the real fields instead.
@@ -99,7 +105,7 @@ class StageConfig:
     kind: str = "ar"
     """ar (autoregressive, KV cache) or generation (one-shot, e.g. a vocoder)."""
     adapter: str = "causal_lm"
-    """Registered stage model adapter (omni/registry.py) that loads and runs the model."""
+    """Stage model adapter (declared by a model family, omni/family.py) that loads and runs the model."""
     inputs: tuple[str, ...] = ()
     """Upstream stage names; empty for a root stage, which receives the user's prompts."""
     input_processor: str | None = None
@@ -168,9 +174,15 @@ class RuntimeConfig:
     log_level: str = "INFO"
     """Logging level of the driver and the actors: DEBUG, INFO, WARNING, ERROR or CRITICAL."""
     max_stage_restarts: int = 1
-    """How often the ray backend replaces a dead stage actor (per stage) before giving up."""
+    """How often the ray backend replaces a dead stage actor (per replica) before giving up."""
     placement: str = "none"
-    """none (Ray places each actor), pack or spread (one placement group, a bundle per stage)."""
+    """none (Ray places each actor), pack or spread (one placement group, a bundle per replica)."""
+    replica_routing: str = "cache_aware"
+    """Which replica of a stage takes a request: cache_aware (the one that saw its prefix,
+    unless much busier than the least-loaded), least_loaded or round_robin."""
+    return_tensors: str = "final"
+    """final (only the final stage's tensors reach the caller; the others' go stage to stage and
+    never through the driver) or all (every stage's result with its tensors, fetched)."""
     stage_threads: str = "auto"
     """Local backend: auto (each stage on a GPU steps on its own thread, the CPU stages share
     one), shared (one thread steps every stage) or per_stage (a thread per stage)."""
@@ -183,6 +195,11 @@ class RuntimeConfig:
         require(self.max_stage_restarts >= 0, self, "max_stage_restarts", "an integer >= 0")
         require(self.log_level.upper() in LOG_LEVELS, self, "log_level", one_of(LOG_LEVELS))
         require(self.placement in PLACEMENTS, self, "placement", one_of(PLACEMENTS))
+        routings = REPLICA_ROUTINGS
+        require(self.replica_routing in routings, self, "replica_routing", one_of(routings))
+        require(
+            self.return_tensors in RETURN_TENSORS, self, "return_tensors", one_of(RETURN_TENSORS)
+        )
         require(self.stage_threads in STAGE_THREADS, self, "stage_threads", one_of(STAGE_THREADS))
         object.__setattr__(self, "log_level", self.log_level.upper())
 
@@ -208,6 +225,14 @@ class OmniConfig:
             if names.count(name) > 1:
                 raise config_error("stages", f"duplicate stage name {name!r}")
         stage_order(self._graph)
+        if self.runtime.backend != "ray":
+            for stage in self.stages:
+                if stage.resources.replicas > 1:
+                    raise config_error(
+                        f"stages.{stage.name}.resources.replicas",
+                        f"is {stage.resources.replicas}, but replicas need runtime.backend ray "
+                        f"(got {self.runtime.backend!r}): the local backend runs one copy",
+                    )
 
     def stage(self, name: str) -> StageConfig:
         """The stage called `name`."""

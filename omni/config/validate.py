@@ -9,16 +9,12 @@ import contextlib
 import dataclasses
 import difflib
 import functools
-import json
 import math
-import os
 import re
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
-
-from omni.registry import get_adapter_spec, known_adapters
 
 STAGE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # no dots: names are override path parts
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -170,60 +166,6 @@ def stage_path(index: int, data: Any) -> str:
     return f"stages.{name}" if ok else f"stages[{index}]"
 
 
-# ---- raw loading ------------------------------------------------------------------------------
-
-
-def read_model_config(model_dir: str, path: str) -> dict[str, Any]:
-    """The checkpoint's config.json; ConfigError naming `path` when it is missing or unreadable."""
-    if not os.path.isdir(model_dir):
-        raise config_error(path, f"no such checkpoint directory {model_dir!r}")
-    config_json = os.path.join(model_dir, "config.json")
-    try:
-        with open(config_json, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise config_error(path, f"{model_dir!r} has no config.json (no HF checkpoint)") from None
-    except (OSError, ValueError) as e:
-        raise config_error(path, f"cannot read {config_json!r}: {e}") from None
-    if not isinstance(data, dict):
-        raise config_error(path, f"{config_json!r} is not a JSON object")
-    return data
-
-
-def check_checkpoint(stage: Any, model_config: Mapping[str, Any], config_dir: str) -> None:
-    """ConfigError unless `stage`'s adapter accepts the checkpoint whose config.json is
-    `model_config` (AdapterSpec.model_types, requires_causal_lm). The hint names a family config
-    in `config_dir` (stage_configs/<model_type>.yaml) and adapters of the same kind that fit."""
-    spec = get_adapter_spec(stage.adapter)
-    reason = spec.checkpoint_mismatch(model_config)
-    if reason is None:
-        return
-    model_type = model_config.get("model_type")
-    about = f"model_type {model_type!r}"
-    architectures = model_config.get("architectures")
-    if architectures:
-        about += f", architectures {architectures!r}"
-    hints = []
-    if isinstance(model_type, str) and STAGE_NAME.match(model_type):
-        family = os.path.join(config_dir, f"{model_type}.yaml")
-        if os.path.isfile(family):
-            hints.append(f"stage_configs/{model_type}.yaml")
-    # Adapters of the same kind that fit; best: made for this model_type, same tokens (text or not).
-    rank = {
-        s.name: (model_type not in s.model_types, s.produces_text != spec.produces_text)
-        for s in map(get_adapter_spec, known_adapters())
-        if s.kind == spec.kind and s.checkpoint_mismatch(model_config) is None
-    }
-    if rank:
-        best = min(rank.values())
-        hints.append("adapter " + " or ".join(n for n, r in rank.items() if r == best))
-    hint = f"; use {' or '.join(hints)}" if hints else ""
-    raise config_error(
-        f"stages.{stage.name}.adapter",
-        f"adapter {stage.adapter!r} cannot load {stage.model!r} ({about}): {reason}{hint}",
-    )
-
-
 # ---- the stage graph and resources ------------------------------------------------------------
 
 
@@ -267,9 +209,9 @@ def check_resources(config: Any, nodes: list[dict[str, float]]) -> None:
     field = {"CPU": "num_cpus", "GPU": "num_gpus"}
     totals: dict[str, float] = {}
     for stage in config.stages:
-        demand = stage.resources.as_ray_resources()
+        demand = stage.resources.as_ray_resources()  # per replica: each is an actor
         for key, amount in demand.items():
-            totals[key] = totals.get(key, 0.0) + amount
+            totals[key] = totals.get(key, 0.0) + amount * stage.resources.replicas
         if any(all(n.get(k, 0.0) + _EPS >= v for k, v in demand.items()) for n in nodes):
             continue
         for key, amount in demand.items():

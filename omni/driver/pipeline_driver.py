@@ -95,15 +95,21 @@ class PipelineDriver:
         self._check_running()
         return self.backend.stats()
 
-    def check_health(self) -> None:
-        """RuntimeError naming what is broken: the driver loop, a dead stage, an unreachable one."""
+    def check_health(self) -> list[str]:
+        """RuntimeError naming what is broken: the driver loop, a dead stage (no replica
+        left), an unreachable one. Else the replicas that are down (restarting or dead) while
+        their stage has others serving, each with why."""
         self._check_running()
         dead = self.backend.dead_stages()
         if dead:
             raise RuntimeError("; ".join(dead.values()))
-        for stats in self.backend.stats().values():  # raises naming an unreachable stage
-            if "error" in stats:
+        down = []
+        for name, stats in self.backend.stats().items():  # raises naming an unreachable stage
+            if "error" in stats and "/" not in name:  # a stage, not one of its replicas
                 raise RuntimeError(str(stats["error"]))
+            if "error" in stats:
+                down.append(str(stats["error"]))
+        return down
 
     def shutdown(self) -> None:
         """Stop the loop, end every live request with an error, then stop the stages."""

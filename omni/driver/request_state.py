@@ -51,7 +51,8 @@ class RequestState:
     stream_audio: bool = False
     """The streaming path (AsyncOmni.generate's stream_audio): streaming edges start their
     consumer early and vocoders send audio in chunks."""
-    rows: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # stage -> streamed rows
+    # stage -> its step-row payloads so far, each with its number of rows (never the rows)
+    rows: dict[str, list[tuple[Any, int]]] = field(default_factory=dict)
     streamed: dict[str, int] = field(default_factory=dict)  # consumer -> upstream tokens sent
     rows_streamed: dict[str, tuple[int, int]] = field(default_factory=dict)  # (parts, rows) sent
     audio: dict[str, list[Any]] = field(default_factory=dict)  # stage -> waveform chunks so far
@@ -65,10 +66,8 @@ class RequestState:
         self.last_progress = time.monotonic()
         if update.new_token_ids:
             self.first_token_s.setdefault(update.stage, self.last_progress - self.added)
-        if update.tensors:
-            rows = self.rows.setdefault(update.stage, {})
-            for name, value in update.tensors.items():
-                rows.setdefault(name, []).append(value)
+        if update.rows is not None:
+            self.rows.setdefault(update.stage, []).append((update.rows, update.num_rows))
         if update.audio is not None:
             self.audio.setdefault(update.stage, []).append(update.audio)
             if update.sample_rate:
@@ -77,7 +76,8 @@ class RequestState:
                 self.first_audio_s = self.last_progress - self.added
 
     def record_finished(self, full: StageResult, payload: Any, decode: Decode) -> StageResult:
-        """Keep a stage's full result (the caller's id, decoded text, pipeline timings)."""
+        """Keep a stage's result, full or light (the caller's id, decoded text, pipeline
+        timings)."""
         stage = full.stage
         self.inflight.discard(stage)
         self.tokens.pop(stage, None)

@@ -8,8 +8,12 @@ makes no progress for runtime.request_timeout_s): its other stages are told to a
 other requests go on.
 
 After every batch of events each advanced request's sink gets one OmniOutput snapshot: per stage,
-the tokens so far (partial results) or the finished result with its tensors. The last snapshot has
-finished=True. Not thread-safe: the driver calls it under its lock.
+the tokens so far (partial results) or the finished result. The last snapshot has finished=True.
+
+Data plane: the driver routes payloads (object refs under Ray) and light results only. It
+fetches a stage's tensors (`backend.fetch`) only for what the caller gets back: the final
+stage's result, or every stage's with runtime.return_tensors=all; other stages' results come
+without tensors, which go from stage to stage (a streaming edge's rows too: stream_edges.py). Not thread-safe: the driver calls it under its lock.
 
 Events for requests the router does not track (aborted, failed) are ignored, so a stale result can
 never be routed twice. For the same reason a request id the caller reuses runs in the stages under
@@ -60,6 +64,7 @@ class Router:
         self._reuses = itertools.count(1)
         self._needed_memo: dict[str, set[str]] = {}
         self.streams = StreamEdges(config)
+        self.return_all = config.runtime.return_tensors == "all"
 
     # ---- requests -----------------------------------------------------------------------------
     def add(
@@ -208,7 +213,9 @@ class Router:
         tracked = self.requests.get(request_id)
         if tracked is None or stage not in tracked.inflight:
             return False  # stale: aborted, failed, or from a replaced actor
-        (full,) = self.backend.fetch([item.payload])
+        full = item.result  # light: tokens, errors; its tensors stay with the stage
+        if stage == tracked.final or self.return_all:  # the caller gets these tensors back
+            (full,) = self.backend.fetch([item.payload])
         result = tracked.record_finished(full, item.payload, self.decode)
         if item.result.error is not None:
             self._complete(request_id, result)
@@ -222,7 +229,7 @@ class Router:
             return True
         needed = self._needed(tracked.final)
         if tracked.stream_audio:
-            self.streams.on_finished(tracked, full, routed)
+            self.streams.on_finished(tracked, item.result, item.payload, routed)
         for consumer in self.config.consumers(stage):
             if (
                 consumer.name in needed
@@ -239,8 +246,9 @@ class Router:
         return True
 
     def _stage_died(self, event: StageDied) -> None:
+        lost = event.request_ids  # None: all of the stage's (else its replica's only)
         for request_id, tracked in list(self.requests.items()):
-            if event.stage in tracked.inflight:
+            if event.stage in tracked.inflight and (lost is None or request_id in lost):
                 self.fail(request_id, event.stage, f"request {tracked.user_id!r}: {event.error}")
 
     def _needed(self, final: str) -> set[str]:

@@ -1,24 +1,24 @@
 """StreamEdges: which edges of a streaming request start their consumer early, and what they send.
 
 A request added with stream_audio=True runs every edge whose consumer has `stream.enabled` (and
-an input processor that can stream, omni/registry.py EDGE_STREAMING) as a stream: once the
+an input processor that can stream: its family manifest's EdgeSpec.stream) as a stream: once the
 upstream stage has reported `min_upstream_tokens` tokens, the consumer gets a RoutedInput with the
 partial upstream result (input_complete=False), and every later upstream report becomes a
 RoutedDelta piece, the last (finish_reason set) sent when the upstream finishes. Pieces carry the
-upstream's new tokens and, when the edge needs rows (the upstream runs with step_rows), its new
-per-token output rows; `offset` numbers them so the consumer's host applies them in order. Edges that do not stream route as before: once every
-input has finished.
+upstream's new tokens and, when the edge needs rows (the upstream runs with step_rows), where its
+new per-token output rows are (DeferredRows: the step-row payloads the upstream reported, the
+last piece its finished result's payload): the consumer fetches them from the producer, the
+driver never holds the rows themselves. `offset` numbers the pieces so the consumer's host
+applies them in order. Edges that do not stream route as before: once every input has finished.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from omni.config import OmniConfig, StageConfig
 from omni.driver.request_state import RequestState
-from omni.messages import RoutedDelta, RoutedInput, StageResult, StageUpdate
+from omni.messages import DeferredRows, RoutedDelta, RoutedInput, StageResult, StageUpdate
 from omni.registry import EdgeStreaming, get_edge_streaming
 
 Routed = dict[str, list[RoutedInput | RoutedDelta]]
@@ -51,7 +51,7 @@ class StreamEdges:
                 tokens = tracked.tokens.get(update.stage, [])
                 if name in tracked.inflight or len(tokens) < spec.min_upstream_tokens:
                     continue
-                partial = self._piece(tracked, update.stage, name, spec, 0, finished=None)
+                partial, rows = self._piece(tracked, update.stage, name, spec, 0)
                 routed.setdefault(name, []).append(
                     RoutedInput(
                         tracked.prompt.request_id,
@@ -60,25 +60,30 @@ class StreamEdges:
                         tracked.params[name],
                         input_complete=False,
                         step_rows=self.needs_rows(name, needed),
+                        rows=rows,
                     )
                 )
                 tracked.inflight.add(name)
             elif name in tracked.inflight:
-                piece = self._piece(tracked, update.stage, name, spec, sent, finished=None)
+                piece, rows = self._piece(tracked, update.stage, name, spec, sent)
                 if piece.token_ids:
                     routed.setdefault(name, []).append(
-                        RoutedDelta(tracked.prompt.request_id, piece, sent)
+                        RoutedDelta(tracked.prompt.request_id, piece, sent, rows)
                     )
 
-    def on_finished(self, tracked: RequestState, full: StageResult, routed: Routed) -> None:
-        """Send the last piece to the consumers streaming from `full.stage`."""
-        for consumer, spec in self.edges.get(full.stage, ()):
+    def on_finished(
+        self, tracked: RequestState, result: StageResult, payload: Any, routed: Routed
+    ) -> None:
+        """Send the last piece to the consumers streaming from `result.stage` (a light result:
+        the rest of its rows go by its payload)."""
+        for consumer, spec in self.edges.get(result.stage, ()):
             name = consumer.name
             sent = tracked.streamed.get(name)
             if sent is None or name not in tracked.inflight:
                 continue
-            piece = self._piece(tracked, full.stage, name, spec, sent, finished=full)
-            routed.setdefault(name, []).append(RoutedDelta(tracked.prompt.request_id, piece, sent))
+            piece, rows = self._piece(tracked, result.stage, name, spec, sent, (result, payload))
+            request_id = tracked.prompt.request_id
+            routed.setdefault(name, []).append(RoutedDelta(request_id, piece, sent, rows))
 
     def _piece(
         self,
@@ -87,36 +92,32 @@ class StreamEdges:
         consumer: str,
         spec: EdgeStreaming,
         sent: int,
-        finished: StageResult | None,
-    ) -> StageResult:
-        """The upstream's tokens (and rows) the consumer has not had yet; the whole result so
-        far when sent is 0. With `finished`, the rest of that full result, marked finished."""
+        finished: tuple[StageResult, Any] | None = None,
+    ) -> tuple[StageResult, DeferredRows | None]:
+        """The upstream's tokens the consumer has not had yet, and where their rows are (the
+        step-row payloads not sent yet); the whole result so far when sent is 0. With
+        `finished` (its light result and payload), the rest of that result, marked finished:
+        its rows from the payload, after those already sent."""
         root = not self.config.stage(stage).inputs
-        token_ids = tracked.tokens.get(stage, []) if finished is None else finished.token_ids
-        tensors: dict[str, Any] = {}
+        token_ids = tracked.tokens.get(stage, []) if finished is None else finished[0].token_ids
+        rows = None
         if spec.needs_rows:
             num_parts, num_rows = tracked.rows_streamed.get(consumer, (0, 0))
-            parts = tracked.rows.get(stage, {})
-            if finished is not None:  # the rest of the full result's rows
-                tensors = {k: v[num_rows:] for k, v in finished.tensors.items()}
+            if finished is not None:
+                rows = DeferredRows(finished=finished[1], skip=num_rows)
             else:
-                tensors = {k: torch.cat(v[num_parts:]) for k, v in parts.items() if v[num_parts:]}
-            num_new = {t.shape[0] for t in tensors.values()}
-            if len(num_new) > 1:
-                raise RuntimeError(f"stage {stage!r} reported outputs with unequal row counts")
-            num_parts = len(next(iter(parts.values()), []))
-            tracked.rows_streamed[consumer] = (
-                num_parts,
-                num_rows + (num_new.pop() if num_new else 0),
-            )
+                parts = tracked.rows.get(stage, [])[num_parts:]
+                rows = DeferredRows(parts=tuple(payload for payload, _ in parts))
+                num_rows += sum(n for _, n in parts)
+                tracked.rows_streamed[consumer] = (num_parts + len(parts), num_rows)
         tracked.streamed[consumer] = len(token_ids)
-        return StageResult(
+        piece = StageResult(
             request_id=tracked.prompt.request_id,
             stage=stage,
             # A root stage's prompt is the request's; a later stage's is not needed by any
             # streaming processor so far, and not known here.
             prompt_token_ids=list(tracked.prompt.prompt_token_ids) if sent == 0 and root else [],
             token_ids=list(token_ids[sent:]),
-            finish_reason=None if finished is None else (finished.finish_reason or "stopped"),
-            tensors=tensors,
+            finish_reason=None if finished is None else (finished[0].finish_reason or "stopped"),
         )
+        return piece, rows

@@ -23,9 +23,9 @@ from typing import Any
 from omni.config import OmniConfig, config_for_model, load_config
 from omni.core.sampling_params import SamplingParams
 from omni.driver import PipelineDriver
-from omni.entrypoints.prompt_processor import PromptProcessor, load_tokenizer
+from omni.engine.prompt_processor import PromptProcessor, load_tokenizer
 from omni.messages import OmniOutput, PromptInput
-from omni.registry import get_prompt_processor, produces_text
+from omni.registry import family_of, get_prompt_processor, produces_text
 
 StageParams = SamplingParams | Sequence[SamplingParams] | None
 
@@ -40,8 +40,8 @@ class AsyncOmni:
         **overrides: Any,
     ) -> None:
         """config: a stage-config YAML path, an equivalent dict or an OmniConfig; model: a
-        checkpoint directory (picks stage_configs/<model_type>.yaml without a config, and is
-        ${MODEL} in one); variables: more ${NAME} values; overrides: dotted keys or nested
+        checkpoint directory (picks the stage config of the family claiming its model_type
+        without a config, and is ${MODEL} in one); variables: more ${NAME} values; overrides: dotted keys or nested
         dicts, e.g. runtime={"backend": "local"} or **{"stages.llm.engine.num_blocks": 64}."""
         self.config = resolve_config(config, model, variables, overrides)
         root = self.config.root_stages[0]
@@ -180,13 +180,21 @@ class AsyncOmni:
         """Speakers a prompt may pick with {"speaker": NAME} (empty: no speech, or one voice)."""
         return list(self.prompt_processor.voices)
 
+    @property
+    def sample_rate(self) -> int | None:
+        """The audio sample rate the root stage's model family declares (ModelFamily.sample_rate)
+        for results that carry none; None for families without audio."""
+        family = family_of(self.config.root_stages[0].adapter)
+        return None if family is None else family.sample_rate
+
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per-stage engine statistics (steps, prefix-cache queries and hits, output cache)."""
         return self._driver().stats()
 
-    async def check_health(self) -> None:
-        """Returns if every stage answers; raises RuntimeError naming a dead stage otherwise."""
-        await asyncio.to_thread(self._driver().check_health)
+    async def check_health(self) -> list[str]:
+        """Returns if every stage answers (a stage with a replica up does), with the replicas
+        that are down; raises RuntimeError naming a dead stage otherwise."""
+        return await asyncio.to_thread(self._driver().check_health)
 
     @property
     def num_requests(self) -> int:

@@ -15,7 +15,8 @@ config key by its path, stages by name: `--set stages.thinker.engine.num_blocks=
 the message on a bad config; it also prints each stage's placement (device, GPU share, memory
 share, dtype) planned for `--num-gpus` GPUs (default: those this machine shows). `run` and
 `serve` exit the same way before loading any model. `run`, `serve` and `validate` take CONFIG or
-only `--model DIR` (the shipped stage_configs/<model_type>.yaml, or a one-stage causal LM).
+only `--model DIR` (the stage config of the family claiming its model_type, or a one-stage
+causal LM).
 """
 
 from __future__ import annotations

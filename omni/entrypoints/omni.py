@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from omni.config import OmniConfig
 from omni.core.sampling_params import SamplingParams
 from omni.entrypoints.async_omni import AsyncOmni, StageParams
+from omni.entrypoints.chat_messages import chat_prompt
+from omni.entrypoints.media_parts import MediaError, MediaPolicy
 from omni.entrypoints.snapshot_cursor import SnapshotCursor
 from omni.messages import OmniOutput, PromptInput, StageResult
 
@@ -106,8 +108,8 @@ class Omni:
         use_tqdm: bool = True,
     ) -> list[OmniOutput]:
         """`generate` for chat-format input: one conversation (a list of OpenAI-style messages,
-        `{"role": ..., "content": str or parts}`) or a list of them. The prompt is the
-        tokenizer's chat template (or the Qwen framing when it has none); image and audio parts
+        `{"role": ..., "content": str or parts}`) or a list of them. The prompt is the model
+        family's chat framing (the tokenizer's chat template, else ChatML); image and audio parts
         may be data: URLs or local paths."""
         if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
             raise ValueError(f"messages must be a non-empty list of messages, got {messages!r}")
@@ -118,19 +120,16 @@ class Omni:
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """The prompt dict `chat` builds for one conversation (ValueError naming a bad part)."""
-        from omni.entrypoints.openai.args import ServerArgs
-        from omni.entrypoints.openai.errors import OpenAIError
-        from omni.entrypoints.openai.prompts import chat_prompt
-
-        tokenizer = self.async_omni.prompt_processor.tokenizer
-        if tokenizer is None:
+        """The prompt dict `chat` builds for one conversation (ValueError naming a bad part),
+        framed by the model family's prompt processor."""
+        processor = self.async_omni.prompt_processor
+        if processor.tokenizer is None:
             raise ValueError("this model has no tokenizer: chat needs one; use generate with ids")
-        local_files = ServerArgs(model_name="", allowed_local_media_path=os.sep)
+        local_files = MediaPolicy(allowed_local_media_path=os.sep)
         try:
-            return chat_prompt(tokenizer, [dict(m) for m in messages], local_files)
-        except OpenAIError as e:
-            raise ValueError(str(e)) from None
+            return chat_prompt(processor, [dict(m) for m in messages], local_files)
+        except MediaError:
+            raise
         except ValueError as e:  # the message models' own validation (pydantic)
             raise ValueError(f"messages: {e}") from None
 
@@ -186,12 +185,15 @@ class Omni:
             future.cancel()  # an abandoned stream: the requests' generators abort them
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Per-stage engine statistics (steps, prefix-cache queries and hits, output cache)."""
+        """Per-stage engine statistics (steps, prefix-cache queries and hits, output cache);
+        a stage with replicas: their sum, and each replica's as `stage/i`."""
         return self.async_omni.stats()
 
-    def check_health(self) -> None:
-        """Returns if every stage answers; raises RuntimeError naming a dead stage otherwise."""
-        self._call(self.async_omni.check_health())
+    def check_health(self) -> list[str]:
+        """Returns if every stage answers (a stage with a replica up does), with the replicas
+        that are down; raises RuntimeError naming a dead stage otherwise."""
+        result: list[str] = self._call(self.async_omni.check_health())
+        return result
 
     def shutdown(self) -> None:
         """Stop every stage (and a Ray instance this Omni started). Safe to call twice."""

@@ -19,17 +19,24 @@ from typing import Any
 from omni.engine import Engine
 from omni.host.device_errors import fatal_device_error
 from omni.host.input_conversion import InputConversion, error_message
-from omni.messages import EngineOutput, Finished, RoutedDelta, StageEvent, StageInput, StageResult
+from omni.messages import (
+    EngineOutput,
+    Finished,
+    RoutedDelta,
+    StageEvent,
+    StageInput,
+    StageResult,
+    StageUpdate,
+)
 
 logger = logging.getLogger(__name__)
 
 
 class EngineCalls:
-    def __init__(
-        self, name: str, inputs: InputConversion, pack: Callable[[StageResult], Any]
-    ) -> None:
+    def __init__(self, name: str, inputs: InputConversion, pack: Callable[[Any], Any]) -> None:
         """name: the stage's; inputs: the host's input conversion (a finished request's
-        streamed pieces end with it); pack: a finished result -> the payload routed on."""
+        streamed pieces end with it); pack: a finished result (or a step's rows) -> the payload
+        routed on."""
         self.name = name
         self._inputs = inputs
         self._pack = pack
@@ -68,10 +75,26 @@ class EngineCalls:
         for error in output.failed.values():  # an engine that caught a request's error itself
             if fatal_device_error(error) is not None:
                 raise error
-        events: list[StageEvent] = list(output.updates)
+        events: list[StageEvent] = self._rows_packed(output.updates)
         events.extend(self.finished(r) for r in output.finished)
         events.extend(self.failed(request_id, e) for request_id, e in output.failed.items())
         return events
+
+    def _rows_packed(self, updates: list[StageUpdate]) -> list[StageEvent]:
+        """The step's per-token rows leave as one payload (one object under Ray, not one per
+        request): the driver forwards it to the consumers, which pick their request's rows."""
+        rows = {u.request_id: dict(u.tensors) for u in updates if u.tensors}
+        if not rows:
+            return list(updates)
+        payload = self._pack(rows)
+        return [
+            dataclasses.replace(
+                u, tensors={}, rows=payload, num_rows=next(iter(u.tensors.values())).shape[0]
+            )
+            if u.tensors
+            else u
+            for u in updates
+        ]
 
     # ---- results ------------------------------------------------------------------------------
     def finished(self, result: StageResult) -> Finished:

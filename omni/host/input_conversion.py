@@ -14,11 +14,20 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
+
 from omni.config import StageConfig
 from omni.engine import Engine
 from omni.host.device_errors import fatal_device_error
 from omni.host.piece_order import PieceOrder
-from omni.messages import PromptInput, RoutedDelta, RoutedInput, StageInput, StageResult
+from omni.messages import (
+    DeferredRows,
+    PromptInput,
+    RoutedDelta,
+    RoutedInput,
+    StageInput,
+    StageResult,
+)
 from omni.registry import get_delta_processor
 
 Processor = Callable[[dict[str, StageResult], PromptInput], StageInput]
@@ -37,9 +46,10 @@ class InputConversion:
         self,
         config: StageConfig,
         processors: Mapping[str, Processor],
-        resolve: Callable[[list[Any]], list[StageResult]],
+        resolve: Callable[[list[Any]], list[Any]],
     ) -> None:
-        """resolve: upstream payloads -> their results (in-process: the results themselves)."""
+        """resolve: payloads (upstream results, step rows) -> their values (in-process: the
+        values themselves)."""
         self.name = config.name
         self.config = config
         self.processors = processors
@@ -71,6 +81,10 @@ class InputConversion:
         names = list(item.upstream)
         if not item.input_complete:  # partial results travel by value, not as finished payloads
             upstream = dict(item.upstream)
+            if item.rows is not None:  # (one upstream: a streaming edge)
+                (name,) = names
+                rows = self.rows(item.request_id, item.rows)
+                upstream[name] = dataclasses.replace(upstream[name], tensors=rows)
         else:
             resolved = self._resolve([item.upstream[n] for n in names])
             upstream = dict(zip(names, resolved, strict=True))
@@ -115,7 +129,10 @@ class InputConversion:
         for item in self._pieces.ready(pieces, started_ids):
             request_id = item.request_id
             try:
-                delta = get_delta_processor(str(self.config.input_processor))(item.piece)
+                piece = item.piece
+                if item.rows is not None:  # not fetched on arrival (see with_rows)
+                    piece = dataclasses.replace(piece, tensors=self.rows(request_id, item.rows))
+                delta = get_delta_processor(str(self.config.input_processor))(piece)
                 engine.extend_request(delta)
             except Exception as e:
                 if fatal_device_error(e) is not None:
@@ -125,6 +142,37 @@ class InputConversion:
                 why = f"stage {self.name!r} failed on streamed input of request {request_id!r}"
                 failed.append((request_id, f"{why}: {error_message(e)}"))
         return failed
+
+    def with_rows(self, items: Sequence[RoutedDelta]) -> list[RoutedDelta]:
+        """The pieces with their rows fetched into piece.tensors (a threaded host does this on
+        the caller's thread, so the loop never waits on a fetch); a piece whose fetch fails is
+        left as it is, and fails its request when `extend` tries again."""
+        out = []
+        for item in items:
+            if item.rows is not None:
+                try:
+                    tensors = self.rows(item.request_id, item.rows)
+                    piece = dataclasses.replace(item.piece, tensors=tensors)
+                    item = dataclasses.replace(item, piece=piece, rows=None)
+                except Exception as e:
+                    if fatal_device_error(e) is not None:
+                        raise
+            out.append(item)
+        return out
+
+    def rows(self, request_id: str, rows: DeferredRows) -> dict[str, torch.Tensor]:
+        """The request's rows behind `rows`, fetched here from their producer: each part's rows
+        of this request, then the finished result's from row `skip` on, joined per name."""
+        payloads = [*rows.parts, *([rows.finished] if rows.finished is not None else [])]
+        values = self._resolve(payloads) if payloads else []
+        pieces: dict[str, list[torch.Tensor]] = {}
+        for part in values[: len(rows.parts)]:
+            for name, value in part[request_id].items():
+                pieces.setdefault(name, []).append(value)
+        if rows.finished is not None:
+            for name, value in values[-1].tensors.items():
+                pieces.setdefault(name, []).append(value[rows.skip :])
+        return {name: torch.cat(values) for name, values in pieces.items()}
 
     def end(self, request_id: str) -> None:
         """The request finished, failed or was aborted: its pieces stop (late ones are dropped)."""

@@ -64,17 +64,17 @@ class StageHost:
         config: StageConfig,
         processors: Mapping[str, Processor],
         *,
-        pack: Callable[[StageResult], Any] = _same,
-        resolve: Callable[[list[Any]], list[StageResult]] = _same_list,
+        pack: Callable[[Any], Any] = _same,
+        resolve: Callable[[list[Any]], list[Any]] = _same_list,
         on_event: Callable[[], None] | None = None,
         on_work: Callable[[], None] | None = None,
         engine: Engine | None = None,
         threaded: bool = True,
     ) -> None:
-        """pack: a finished result -> the payload routed to consumers (in-process: the result);
-        resolve: upstream payloads -> their results; on_event: called (from the loop) whenever
-        events are ready, so a backend can wait on many hosts at once; on_work: called when
-        work arrives. threaded=False: no loop thread of its own; the owner calls `run_once`
+        """pack: a finished result, or a step's rows -> the payload routed to consumers
+        (in-process: the value itself); resolve: payloads -> their values; on_event: called
+        (from the loop) whenever events are ready, so a backend can wait on many hosts at
+        once; on_work: called when work arrives. threaded=False: no loop thread of its own; the owner calls `run_once`
         (the local backend steps all its hosts from one thread). A threaded host builds its
         engine on its loop thread: the thread that loads the model is the one that steps it,
         so the process keeps one OpenMP team (see omni/backends/local.py for why it matters)."""
@@ -139,7 +139,8 @@ class StageHost:
         failed: list[StageResult] = []
         if self._thread is not None:
             converted, failed = self._convert(queued)
-            queued = [*converted, *(i for i in queued if isinstance(i, RoutedDelta))]
+            pieces = self._inputs.with_rows([i for i in queued if isinstance(i, RoutedDelta)])
+            queued = [*converted, *pieces]
         with self._cond:
             self._inbox.extend(s for s in queued if s.request_id not in self._aborted_ids)
             self._cond.notify_all()

@@ -1,10 +1,10 @@
-"""The contract between the engines and a stage's model adapter (stages/*.py).
+"""The contract between the engines and a stage's model adapter (stages/<family>/).
 
 An ar adapter (StageEngine, ModelRunner) is a `StageModel`; a generation adapter (GenerationEngine)
 is a `GenerationModel`. Both subclass `StageModelBase`, which gives the optional hooks no-op
 defaults, so the engines call them directly. What config validation knows about an adapter
 without importing it (kind, text or not, outputs, accepted checkpoints) is its AdapterSpec in
-omni/registry.py.
+its family's manifest (omni/family.py).
 """
 
 from __future__ import annotations

@@ -4,6 +4,6 @@ Thinker side: ``prompt_processor.OmniPromptProcessor`` turns user prompts with i
 into token ids, multimodal ranges and encoder inputs; ``thinker.OmniThinkerAdapter`` runs the
 thinker on omni's paged attention, with per-item encoder outputs kept in ``encoder_cache``.
 Talker: ``talker.OmniTalkerAdapter``; vocoder: ``token2wav.OmniToken2WavAdapter``; the edges
-between them: ``input_processors``. Modules are imported on use (the "module:attr" names in
-omni/registry.py), so importing this package stays cheap.
+between them: ``input_processors``. ``family.py`` declares them all; omni imports each module on
+first use (the manifest's "module:attr" names), so importing this package stays cheap.
 """

@@ -34,7 +34,7 @@ of the whole thinker reply, keys every block holding a generated position, so ge
 request starts before the reply is known: its key is unique to the request, so its generated
 blocks serve only its own resume (its prompt blocks are shared as always).
 
-Streaming (stage config `stream.enabled`, omni/registry.py EDGE_STREAMING): thinker_to_talker
+Streaming (stage config `stream.enabled`; how each edge streams: family.py): thinker_to_talker
 starts the talker once the thinker has 2 tokens (rows 0..P: the talker's whole prompt); each later
 piece of the thinker becomes an InputDelta of new rows (thinker_delta). talker_to_token2wav starts
 token2wav on the first codes; talker_delta passes further codes on, up to the first codec EOS.
@@ -47,7 +47,6 @@ import struct
 import uuid
 
 from omni.messages import InputDelta, PromptInput, StageInput, StageResult
-from omni.registry import register_input_processor
 from stages.qwen2_5_omni.talker import speaker_key
 
 DEFAULT_SPEAKER = "Chelsie"  # transformers' generate default
@@ -82,7 +81,6 @@ def _mm_extras(request: PromptInput) -> dict:
     return out
 
 
-@register_input_processor("thinker_to_talker")
 def thinker_to_talker(
     upstream: dict[str, StageResult], request: PromptInput, *, mode: str = "masked"
 ) -> StageInput:
@@ -137,7 +135,6 @@ def _reply_key(output: list[int]) -> str:
     return hashlib.sha256(struct.pack(f"<{len(output)}I", *output)).hexdigest()[:32]
 
 
-@register_input_processor("thinker_to_talker_unmasked")
 def thinker_to_talker_unmasked(
     upstream: dict[str, StageResult], request: PromptInput
 ) -> StageInput:
@@ -154,7 +151,6 @@ def _before_eos(codes: list[int]) -> list[int]:
     return list(codes)
 
 
-@register_input_processor("talker_to_token2wav")
 def talker_to_token2wav(upstream: dict[str, StageResult], request: PromptInput) -> StageInput:
     talker = _only(upstream, "talker_to_token2wav")
     codes = _before_eos(list(talker.token_ids))

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from omni.core.request import MultiModalInput
-from omni.entrypoints.prompt_processor import PromptProcessor
+from omni.engine.prompt_processor import PromptProcessor
 from omni.messages import PromptInput
 from stages.qwen2_5_omni import media
 from stages.qwen2_5_omni.part_loader import load_speakers

@@ -33,7 +33,6 @@ from transformers.utils import logging as hf_logging
 
 from omni.core.scheduler_output import ScheduledRequest
 from omni.messages import InputDelta, StageInput
-from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
 from omni.runtime.host_upload import upload
 from omni.runtime.row_arena import RowArena
@@ -57,7 +56,6 @@ def speaker_key(name: str) -> int:
     return zlib.crc32(f"qwen2_5_omni speaker {name}".encode())
 
 
-@register_adapter("qwen2_5_omni_talker", produces_text=False, model_types=("qwen2_5_omni",))
 class OmniTalkerAdapter(StageModelBase):
     def __init__(
         self,

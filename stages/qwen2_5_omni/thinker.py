@@ -25,7 +25,6 @@ from transformers.utils import logging as hf_logging
 
 from omni.core.scheduler_output import ScheduledRequest
 from omni.messages import StageInput
-from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
 from omni.runtime.stage_model import (
     DecodeInputs,
@@ -257,13 +256,6 @@ class OmniThinkerAdapter(StageModelBase):
         largest item, whose activations are part of a step's peak. Nothing cached or counted."""
         for modality, extras in largest_items(self.model.config, self.max_image_pixels).items():
             self._tower(modality, extras, 0)
-
-
-register_adapter(
-    "qwen2_5_omni_thinker",
-    emits=("hidden_states", "inputs_embeds"),
-    model_types=("qwen2_5_omni", "qwen2_5_omni_thinker"),  # a full checkpoint or the thinker alone
-)(OmniThinkerAdapter)
 
 
 if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by

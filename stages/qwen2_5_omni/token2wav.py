@@ -39,7 +39,6 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniTo
 from transformers.utils import logging as hf_logging
 
 from omni.messages import StageInput
-from omni.registry import register_adapter
 from omni.runtime.stage_model import ChunkedGenerationModel, ChunkJob, StageModelBase
 from stages.qwen2_5_omni.part_loader import load_part, load_speakers
 from stages.qwen2_5_omni.token2wav_chunks import (
@@ -65,13 +64,6 @@ DEFAULT_SPEAKER = "Chelsie"
 ODE_DEFAULTS = {"num_steps": 10, "guidance_scale": 0.5, "sway_coefficient": -1.0}
 
 
-@register_adapter(
-    "qwen2_5_omni_token2wav",
-    kind="generation",
-    produces_text=False,
-    emits=(),  # a waveform (StageResult.audio), no per-token tensors
-    model_types=("qwen2_5_omni",),
-)
 class OmniToken2WavAdapter(StageModelBase):
     sample_rate = SAMPLE_RATE
 

@@ -31,7 +31,6 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from omni.messages import StageInput
-from omni.registry import register_adapter
 from omni.runtime.stage_model import BatchedGenerationModel, StageModelBase
 from stages.qwen2_5_omni.part_loader import load_part
 
@@ -109,15 +108,6 @@ class Qwen3OmniCode2WavAdapter(StageModelBase):
             keep = max(length * self.samples_per_frame - lost * -(-length // CHUNK_SIZE), 0)
             out.append(wav[row, 0, :keep].float().cpu())
         return out
-
-
-register_adapter(
-    "qwen3_omni_moe_code2wav",
-    kind="generation",
-    produces_text=False,
-    emits=(),
-    model_types=("qwen3_omni_moe",),
-)(Qwen3OmniCode2WavAdapter)
 
 
 if TYPE_CHECKING:

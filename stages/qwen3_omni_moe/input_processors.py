@@ -37,7 +37,6 @@ import numpy as np
 
 from omni.core.request import MultiModalInput
 from omni.messages import PromptInput, StageInput, StageResult
-from omni.registry import register_input_processor
 from stages.qwen2_5_omni.input_processors import _mm_extras, _only
 from stages.qwen3_omni_moe.talker import speaker_key
 
@@ -61,7 +60,6 @@ def _assistant_start(ids: np.ndarray, layout: dict[str, Any]) -> int:
     return int(pairs[-1])
 
 
-@register_input_processor("qwen3_thinker_to_talker")
 def thinker_to_talker(upstream: dict[str, StageResult], request: PromptInput) -> StageInput:
     thinker = _only(upstream, "qwen3_thinker_to_talker")
     extras = request.extras or {}
@@ -124,7 +122,6 @@ def _user_items(
     return tuple(items)
 
 
-@register_input_processor("qwen3_talker_to_code2wav")
 def talker_to_code2wav(upstream: dict[str, StageResult], request: PromptInput) -> StageInput:
     talker = _only(upstream, "qwen3_talker_to_code2wav")
     codes = np.asarray(talker.tensors.get("codes", np.zeros((0, 0), np.int64)), np.int64)

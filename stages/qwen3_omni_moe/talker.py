@@ -28,7 +28,6 @@ from transformers.utils import logging as hf_logging
 
 from omni.core.sampling_params import SamplingParams
 from omni.messages import StageInput
-from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
 from omni.runtime.sampler import Sampler
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, StageModelBase
@@ -230,14 +229,6 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
             counts = [n * self.num_code_groups + group + 1 for n in num_output_tokens]
             codes.append(self._sampler.sample(logits, settings, counts))
         return torch.stack(codes, dim=1)
-
-
-register_adapter(
-    "qwen3_omni_moe_talker",
-    produces_text=False,  # codec frames
-    emits=(),
-    model_types=("qwen3_omni_moe",),
-)(Qwen3OmniTalkerAdapter)
 
 
 if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by

@@ -31,7 +31,6 @@ from transformers.utils import logging as hf_logging
 
 from omni.core.scheduler_output import ScheduledRequest
 from omni.messages import StageInput
-from omni.registry import register_adapter
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, StageModelBase
 from stages.causal_lm import load_kwargs
@@ -228,13 +227,6 @@ class Qwen3OmniThinkerAdapter(StageModelBase):
             return_dict=True,
         )
         return out.last_hidden_state.unsqueeze(0)
-
-
-register_adapter(
-    "qwen3_omni_moe_thinker",
-    emits=("inputs_embeds", "accept_hidden_states"),
-    model_types=("qwen3_omni_moe",),
-)(Qwen3OmniThinkerAdapter)
 
 
 if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by

@@ -23,6 +23,7 @@ TEXT = "tell me what you notice in it, with every colour and every shape you can
 SYSTEM = "<|im_start|>system\nbe brief<|im_end|>\n"
 STAGES = ("thinker", "talker", "code2wav")
 ON_CPU = {f"stages.{s}.engine.device": "cpu" for s in STAGES}
+RUNTIME = {"backend": "local", "return_tensors": "all"}  # the talker's tensors["codes"] too
 # transformers' thinker stops on id 151645 (outside the tiny vocabulary): exactly THINKER_TOKENS.
 PARAMS = [
     SamplingParams(max_tokens=THINKER_TOKENS, ignore_eos=True),
@@ -94,7 +95,7 @@ def test_pipeline_equals_transformers(qwen3_dir, references, caching):
         overrides[f"stages.{stage}.engine.enable_prefix_caching"] = caching
         overrides[f"stages.{stage}.engine.block_size"] = 4
     prompts = _prompts()
-    with Omni(model=qwen3_dir, runtime={"backend": "local"}, **overrides) as omni:
+    with Omni(model=qwen3_dir, runtime=RUNTIME, **overrides) as omni:
         rounds = [omni.generate(list(prompts.values()), PARAMS, use_tqdm=False) for _ in range(2)]
         thinker = omni.backend.hosts["thinker"].engine
         assert thinker.model.encoder_runs == {"image": 1, "audio": 1}  # once per distinct item
@@ -119,7 +120,7 @@ def test_tiny_kv_pool_preempts_and_stays_equal(qwen3_dir, references):
         overrides[f"stages.{stage}.engine.num_blocks"] = 34
         overrides[f"stages.{stage}.engine.max_model_len"] = 128
     prompts = _prompts()
-    with Omni(model=qwen3_dir, runtime={"backend": "local"}, **overrides) as omni:
+    with Omni(model=qwen3_dir, runtime=RUNTIME, **overrides) as omni:
         outputs = omni.generate(list(prompts.values()), PARAMS, use_tqdm=False)
         stats = {s: omni.backend.hosts[s].engine.stats() for s in ("thinker", "talker")}
     for name, out in zip(prompts, outputs, strict=True):
@@ -135,7 +136,7 @@ def test_first_token_eos_gives_empty_audio(qwen3_dir, references):
     prompt = _prompts()["text"]
     stop_thinker = SamplingParams(max_tokens=THINKER_TOKENS, stop_token_ids=[ref.thinker_ids[0]])
     stop_talker = SamplingParams(max_tokens=TALKER_TOKENS, stop_token_ids=[ref.layer0[0]])
-    with Omni(model=qwen3_dir, runtime={"backend": "local"}, **ON_CPU) as omni:
+    with Omni(model=qwen3_dir, runtime=RUNTIME, **ON_CPU) as omni:
         (silent,) = omni.generate([prompt], [stop_thinker, *PARAMS[1:]], use_tqdm=False)
         (no_frames,) = omni.generate([prompt], [PARAMS[0], stop_talker, PARAMS[2]], use_tqdm=False)
         eos = omni.backend.hosts["talker"].engine.model.eos_token_id
@@ -151,7 +152,7 @@ def test_chat_second_turn_hits_thinker_and_talker(qwen3_dir):
     and the talker's prompt (the user turns) too: both stages serve it from the prefix cache.
     The default voice is "Ethan" (transformers' default)."""
     first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": TEXT}]
-    with Omni(model=qwen3_dir, runtime={"backend": "local"}, **ON_CPU) as omni:
+    with Omni(model=qwen3_dir, runtime=RUNTIME, **ON_CPU) as omni:
         assert omni.async_omni.voices == ["aiden", "chelsie", "ethan"]
         (one,) = omni.chat([first], PARAMS, use_tqdm=False)
         reply = one.stages["thinker"].text

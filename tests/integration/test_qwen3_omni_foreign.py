@@ -36,6 +36,7 @@ PARAMS = [
     SamplingParams(max_tokens=1),
 ]
 ON_CPU = {f"stages.{s}.engine.device": "cpu" for s in ("thinker", "talker", "code2wav")}
+RUNTIME = {"backend": "local", "return_tensors": "all"}  # the talker's tensors["codes"] too
 TEXT = "what do you hear and see here, in a few words"
 
 
@@ -152,7 +153,7 @@ def test_foreign_checkpoint_equals_transformers(foreign_dir):
             model, inputs.prompt_token_ids, dict(inputs.extras), thinker_tokens=THINKER_TOKENS,
             talker_tokens=TALKER_TOKENS, speaker=prompt.get("speaker", "ryan"),
         )  # fmt: skip
-    with Omni(model=foreign_dir, runtime={"backend": "local"}, **ON_CPU) as omni:
+    with Omni(model=foreign_dir, runtime=RUNTIME, **ON_CPU) as omni:
         assert omni.async_omni.voices == ["ryan", "vivian"]
         outputs = omni.generate(list(prompts.values()), PARAMS, use_tqdm=False)
     for (name, ref), out in zip(refs.items(), outputs, strict=True):

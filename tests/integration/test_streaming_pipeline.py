@@ -84,7 +84,8 @@ def test_streaming_speech_matches_transformers(omni_dir, reference, padded):
     }
     if padded:
         overrides |= {f"stages.{s}.engine.cuda_graphs": True for s in ("thinker", "talker")}
-    with Omni(model=omni_dir, runtime={"backend": "local"}, **overrides) as omni:
+    runtime = {"backend": "local", "return_tensors": "all"}  # the thinker's rows, to compare
+    with Omni(model=omni_dir, runtime=runtime, **overrides) as omni:
         spy = RowSpy(omni.backend.hosts["talker"].engine.model)
 
         async def stream():

@@ -25,6 +25,7 @@ def two_stage_config(a_dir: str, b_dir: str, **overrides: object) -> OmniConfig:
     base: dict[str, object] = {
         **on_cpu("a", "b"),
         "runtime.log_level": "WARNING",
+        "runtime.return_tensors": "all",  # compared stage by stage, tensors included
         "stages.a.engine.block_size": 4,
         "stages.b.engine.block_size": 4,
         "stages.a.sampling.max_tokens": 6,

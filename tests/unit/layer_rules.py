@@ -29,6 +29,7 @@ from pathlib import Path
 # --- the layer table: edit here (and in docs/architecture.md) ---------------------------------
 LAYERS: dict[str, int] = {
     "omni.core": 0,  # torch-free bookkeeping
+    "omni.family": 0,  # torch-free model-family manifests (ModelFamily, AdapterSpec)
     "omni.audio": 1,  # leaf utility
     "omni.registry": 1,  # torch-free name -> adapter/processor registry
     "omni.config": 2,  # torch-free config schema, loading, validation
@@ -50,11 +51,12 @@ FORBIDDEN_PACKAGES = {"stages": "adapters are looked up through omni.registry's 
 ONLY_EXTERNAL: dict[str, frozenset[str]] = {
     "omni.core": frozenset({"numpy", "xxhash"}),
     "omni.audio": frozenset({"numpy"}),
+    "omni.family": frozenset(),
 }
 """Units that may import nothing but the standard library and these top-level packages."""
 
 TORCH_PACKAGES = frozenset({"torch", "torchaudio", "torchvision", "transformers", "kernels"})
-TORCH_FREE = frozenset({"omni.core", "omni.audio", "omni.registry", "omni.config"})
+TORCH_FREE = frozenset({"omni.core", "omni.family", "omni.audio", "omni.registry", "omni.config"})
 """Units that must stay importable without torch (`omni validate` loads no model code)."""
 
 EXTERNAL_LAYERS: dict[str, int] = {"kernels": LAYERS["omni.runtime"]}

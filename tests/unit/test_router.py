@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 
 from omni.config import load_config
 from omni.driver.router import Router
@@ -148,3 +151,32 @@ def test_no_progress_expires_a_request(router):
     router.expire(timeout_s=60)
     assert heard[-1].finished and "no progress in stage(s) ['a'] for 60 s" in heard[-1].error
     assert router.backend.aborted == [("a", "x")]  # the stage may yet wake up: it must not
+
+
+@pytest.mark.parametrize("return_tensors", ["final", "all"])
+def test_only_the_callers_tensors_are_fetched(join_processor, return_tensors):
+    """The driver fetches a result's tensors only for what the caller gets back: the final
+    stage's (every stage's with runtime.return_tensors all); the payload is routed as it is."""
+    config = load_config(
+        {
+            "runtime": {"return_tensors": return_tensors},
+            "stages": [
+                {"name": "a", "model": "m"},
+                {"name": "b", "model": "m", "inputs": ["a"], "input_processor": "join"},
+            ],
+        },
+        check_models=False,
+    )
+    backend = RecordingBackend()
+    fetched: list = []
+    backend.fetch = lambda payloads: (fetched.extend(payloads), list(payloads))[1]
+    router = Router(config, backend, lambda stage, ids: None)
+    heard = _add(router)
+    rows = {"hidden_states": torch.ones(3, 2)}
+    full = StageResult("x", "a", [5, 6, 7], [1], "stopped", tensors=rows)
+    router.handle([Finished(dataclasses.replace(full, tensors={}), full)])
+    assert backend.items[0].upstream["a"] is full  # the payload goes on untouched
+    assert (fetched == [full]) == (return_tensors == "all")
+    assert heard[-1].stages["a"].tensors == ({} if return_tensors == "final" else rows)
+    router.handle([_done("x", "b", [4])])
+    assert fetched[-1].stage == "b" and heard[-1].finished

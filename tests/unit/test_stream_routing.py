@@ -10,6 +10,7 @@ from omni import registry
 from omni.config import load_config
 from omni.core.sampling_params import SamplingParams
 from omni.driver.router import Router
+from omni.host.input_conversion import InputConversion
 from omni.host.piece_order import PieceOrder
 from omni.messages import (
     Finished,
@@ -22,25 +23,24 @@ from omni.messages import (
 )
 from tests.unit.test_router import RecordingBackend
 
+STAGES = {
+    "stages": [
+        {"name": "a", "model": "m"},
+        {
+            "name": "b",
+            "model": "m",
+            "inputs": ["a"],
+            "input_processor": "join",
+            "stream": {"enabled": True},
+        },
+    ]
+}
+
 
 @pytest.fixture
 def router(join_processor):
     registry.EDGE_STREAMING["join"] = registry.EdgeStreaming(2, True, "unused:delta")
-    config = load_config(
-        {
-            "stages": [
-                {"name": "a", "model": "m"},
-                {
-                    "name": "b",
-                    "model": "m",
-                    "inputs": ["a"],
-                    "input_processor": "join",
-                    "stream": {"enabled": True},
-                },
-            ]
-        },
-        check_models=False,
-    )
+    config = load_config(STAGES, check_models=False)
     backend = RecordingBackend()
     backend.log = []
     submit = backend.submit
@@ -51,6 +51,17 @@ def router(join_processor):
 
 def _rows(*values):
     return {"hidden_states": torch.tensor([[float(v)] for v in values])}
+
+
+def _step(tokens, *values):
+    """An update as a host sends it: its step's rows as a payload (in-process: the dict)."""
+    return StageUpdate("x", "a", tokens, 0, rows={"x": _rows(*values)}, num_rows=len(values))
+
+
+def _consumed(rows):
+    """The rows a consumer resolves from DeferredRows (in-process payloads: themselves)."""
+    conversion = InputConversion(load_config(STAGES, check_models=False).stage("b"), {}, list)
+    return conversion.rows("x", rows)["hidden_states"].flatten().tolist()
 
 
 def _add(router, stream_audio=True):
@@ -64,24 +75,29 @@ def test_a_streaming_consumer_starts_early_and_gets_every_row_once_in_order(rout
     heard = _add(router)
     (root,) = router.backend.log
     assert isinstance(root, StageInput) and root.step_rows  # b needs a's rows as they come
-    router.handle([StageUpdate("x", "a", [11], 0, tensors=_rows(0, 1, 2))])
+    router.handle([_step([11], 0, 1, 2)])
     assert len(router.backend.log) == 1  # 1 token: the edge needs 2 before b can start
-    router.handle([StageUpdate("x", "a", [12], 0, tensors=_rows(3))])
+    router.handle([_step([12], 3)])
     first = router.backend.log[-1]
     assert isinstance(first, RoutedInput) and not first.input_complete and not first.step_rows
     partial = first.upstream["a"]
     assert partial.token_ids == [11, 12] and partial.prompt_token_ids == [5, 6, 7]
     assert partial.finish_reason is None
-    assert partial.tensors["hidden_states"].flatten().tolist() == [0, 1, 2, 3]
-    router.handle([StageUpdate("x", "a", [13], 0, tensors=_rows(4))])
+    # The rows travel as the producer's payloads (refs under Ray), never as tensors.
+    assert partial.tensors == {} and len(first.rows.parts) == 2
+    assert _consumed(first.rows) == [0, 1, 2, 3]
+    router.handle([_step([13], 4)])
     piece = router.backend.log[-1]
     assert isinstance(piece, RoutedDelta) and piece.offset == 2
-    assert piece.piece.token_ids == [13] and piece.piece.tensors["hidden_states"].tolist() == [[4]]
+    assert piece.piece.token_ids == [13] and piece.piece.tensors == {}
+    assert _consumed(piece.rows) == [4]
     full = StageResult("x", "a", [5, 6, 7], [11, 12, 13, 14], "stopped", tensors=_rows(*range(6)))
-    router.handle([Finished(full, full)])
+    light = StageResult("x", "a", [5, 6, 7], [11, 12, 13, 14], "stopped")
+    router.handle([Finished(light, full)])
     last = router.backend.log[-1]
     assert isinstance(last, RoutedDelta) and last.offset == 3 and last.piece.finished
-    assert last.piece.token_ids == [14] and last.piece.tensors["hidden_states"].tolist() == [[5]]
+    assert last.piece.token_ids == [14] and last.rows.finished is full and last.rows.skip == 5
+    assert _consumed(last.rows) == [5]
     assert sum(isinstance(i, RoutedInput) for i in router.backend.log) == 1  # not routed again
     done = StageResult("x", "b", [], [1], "stopped", audio=torch.ones(3), sample_rate=3)
     router.handle([Finished(done, done)])
@@ -90,7 +106,7 @@ def test_a_streaming_consumer_starts_early_and_gets_every_row_once_in_order(rout
 
 def test_audio_chunks_grow_the_snapshots_and_the_request_waits_for_every_stage(router):
     heard = _add(router)
-    router.handle([StageUpdate("x", "a", [11, 12], 0, tensors=_rows(0, 1, 2, 3))])
+    router.handle([_step([11, 12], 0, 1, 2, 3)])
     for value in (1.0, 2.0):
         chunk = torch.full((2,), value)
         router.handle([StageUpdate("x", "b", [], 0, audio=chunk, sample_rate=2)])

@@ -4,8 +4,8 @@
     run_server(async_omni, ServerArgs(...)) -> serves an AsyncOmni until SIGINT/SIGTERM
 
 Modules by concern: `protocol` (request models), `errors` (every exception -> OpenAI's error
-body), `media` (image/audio parts -> prompt items, with the local/remote media policy),
-`prompts` (chat messages -> prompt text), `sampling` (request fields -> per-stage
+body), `prompts` (chat messages -> a prompt, under the server's media policy; the conversion
+itself, shared with Omni.chat, is omni/entrypoints/chat_messages.py and media_parts.py), `sampling` (request fields -> per-stage
 SamplingParams), `chat`, `completions`, `speech` (the endpoints), `streaming` (SSE and
 disconnect handling), `audio_encoding` (wav/pcm16 bytes), `metrics` (Prometheus), `app`
 (routes, auth, body limit), `server` (uvicorn, signals, the ready line).

@@ -53,10 +53,11 @@ def build_app(async_omni: Any, args: ServerArgs) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         try:
-            await async_omni.check_health()
+            down = await async_omni.check_health()
         except RuntimeError as e:
             return OpenAIError(503, f"unhealthy: {e}", code="stage_unavailable").response()
-        return JSONResponse({"status": "ok"})
+        # 200 while every stage has a replica serving; the others are named.
+        return JSONResponse({"status": "ok", **({"replicas_down": down} if down else {})})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -80,7 +80,7 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         stage_sampling=body.stage_sampling,
     )
     prompt = await asyncio.to_thread(
-        chat_prompt, ctx.async_omni.prompt_processor.tokenizer, body.messages, ctx.args
+        chat_prompt, ctx.async_omni.prompt_processor, body.messages, ctx.args
     )
     if body.cache_salt is not None:
         prompt["cache_salt"] = body.cache_salt
@@ -143,7 +143,7 @@ class _Job:
             final = out.final
             assert self.body.audio is not None
             data = audio_encoding.encode(
-                final.audio, final.sample_rate or 24000, self.body.audio.format
+                final.audio, self.ctx.sample_rate(final), self.body.audio.format
             )
             message["audio"] = {
                 "id": self.audio_id,

@@ -45,6 +45,13 @@ class Context:
                 "unsupported_value",
             )
 
+    def sample_rate(self, result: Any) -> int:
+        """The rate of a result's audio: its own, else its model family's (ModelFamily)."""
+        rate = result.sample_rate or self.async_omni.sample_rate
+        if not rate:
+            raise OpenAIError(500, "the pipeline returned audio without a sample rate")
+        return int(rate)
+
     def voice(self, voice: str | VoiceId | None, param: str) -> str | None:
         """The speaker for a prompt: None for the model's default voice."""
         voices = list(self.async_omni.voices)

@@ -6,52 +6,24 @@ formats, n) are done by the endpoints, so that their messages can list the valid
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+# Chat messages are shared with Omni.chat (omni/entrypoints/chat_messages.py).
+from omni.entrypoints.chat_messages import AudioPart as AudioPart
+from omni.entrypoints.chat_messages import ChatMessage as ChatMessage
+from omni.entrypoints.chat_messages import ContentPart as ContentPart
+from omni.entrypoints.chat_messages import ImagePart as ImagePart
+from omni.entrypoints.chat_messages import ImageURL as ImageURL
+from omni.entrypoints.chat_messages import InputAudio as InputAudio
+from omni.entrypoints.chat_messages import Strict as _Strict
+from omni.entrypoints.chat_messages import TextPart as TextPart
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
     include_obfuscation: bool | None = None  # sent by some clients; there is nothing to obfuscate
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class ImageURL(_Strict):
-    url: str = Field(min_length=1)
-    detail: Literal["auto", "low", "high"] | None = None
-
-
-class ImagePart(_Strict):
-    type: Literal["image_url"]
-    image_url: ImageURL
-
-
-class InputAudio(_Strict):
-    data: str
-    format: str
-
-
-class AudioPart(_Strict):
-    type: Literal["input_audio"]
-    input_audio: InputAudio
-
-
-ContentPart = Annotated[TextPart | ImagePart | AudioPart, Field(discriminator="type")]
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
 
 
 class VoiceId(_Strict):

@@ -1,8 +1,8 @@
 """POST /v1/audio/speech: `input` spoken by a pipeline that ends in a vocoder.
 
-Approximation: Qwen2.5-Omni's talker speaks the thinker's reply, not arbitrary text, so the
-input goes in a chat whose system message asks the model to repeat the user's text verbatim
-(`prompts.speech_prompt`; `instructions` are appended to that system message). A trained model
+Approximation: an omni model's talker speaks the thinker's reply, not arbitrary text, so the
+input goes in the chat of the family's prompt processor (`PromptProcessor.speech_messages`: a
+system message that asks the model to repeat the user's text verbatim, `instructions` appended). A trained model
 then says the input; a random-weight test model says something else, in the right format.
 The thinker may generate up to max(its default, 2 x the input's tokens + 16) tokens.
 
@@ -27,7 +27,7 @@ from starlette.requests import Request
 from omni.entrypoints.openai import audio_encoding, sampling, streaming
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request, from_exception
-from omni.entrypoints.openai.prompts import SPEECH_INSTRUCTION, chat_prompt
+from omni.entrypoints.openai.prompts import chat_prompt
 from omni.entrypoints.openai.protocol import SpeechRequest
 from omni.entrypoints.snapshot_cursor import SnapshotCursor
 from omni.messages import OmniOutput
@@ -50,9 +50,9 @@ async def create(ctx: Context, request: Request, body: SpeechRequest) -> Respons
         )
     speaker = ctx.voice(body.voice, "voice")
     text_stage = ctx.text_stage()
-    system = SPEECH_INSTRUCTION + (f" {body.instructions}" if body.instructions else "")
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": body.input}]
-    prompt = chat_prompt(ctx.async_omni.prompt_processor.tokenizer, messages, ctx.args)
+    processor = ctx.async_omni.prompt_processor
+    messages = processor.speech_messages(body.input, body.instructions)
+    prompt = chat_prompt(processor, messages, ctx.args)
     if speaker is not None:
         prompt["speaker"] = speaker
     plan = sampling.plan(
@@ -75,7 +75,7 @@ async def create(ctx: Context, request: Request, body: SpeechRequest) -> Respons
         final = out.final
         if final.audio is None:
             raise bad_request("the pipeline returned no audio", "model")
-        return audio_encoding.encode(final.audio, final.sample_rate or 24000, body.response_format)
+        return audio_encoding.encode(final.audio, ctx.sample_rate(final), body.response_format)
 
     if body.stream_format == "sse":
 

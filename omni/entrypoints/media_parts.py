@@ -1,8 +1,9 @@
-"""Image and audio content parts -> the bytes a prompt processor takes, under the server's media
-policy: data: URLs always; local files only under --allowed-local-media-path; http(s) URLs only
-with --allow-remote-media (fetched with a timeout and a size limit). Every failure is a 400 that
-names the part (`param`) and what was wrong with it. Bytes are checked here (the image opens, the
-WAV parses) so that an unreadable item is reported against its request field."""
+"""Image and audio content parts of chat messages -> the bytes a prompt processor takes, under a
+media policy: data: URLs always; local files only under `allowed_local_media_path` (the server's
+--allowed-local-media-path; Omni.chat allows any); http(s) URLs only with `allow_remote_media`
+(fetched with a timeout and a size limit). Every failure is a MediaError that names the part
+(`param`) and what was wrong with it (the server answers it with a 400). Bytes are checked here
+(the image opens, the WAV parses) so that an unreadable item is reported against its field."""
 
 from __future__ import annotations
 
@@ -13,11 +14,37 @@ import os
 import urllib.parse
 import urllib.request
 import wave
-
-from omni.entrypoints.openai.args import ServerArgs
-from omni.entrypoints.openai.errors import bad_request
+from dataclasses import dataclass
 
 AUDIO_FORMATS = ("wav",)
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    """Where media parts may come from besides data: URLs."""
+
+    allowed_local_media_path: str | None = None
+    """Image/audio URLs may name local files under this directory (file:// or a plain path)."""
+    allow_remote_media: bool = False
+    """Fetch http(s) media URLs (timeout and size limit below); rejected otherwise."""
+    media_timeout_s: float = 10.0
+    """Seconds to fetch one remote item."""
+    max_media_bytes: int = 20 * 1024 * 1024
+    """The largest local or remote item."""
+
+
+class MediaError(ValueError):
+    """A bad media part: the message, the parameter it names and a short code."""
+
+    def __init__(self, message: str, param: str, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def bad_request(message: str, param: str, code: str = "invalid_value") -> MediaError:
+    return MediaError(message, param, code)
 
 
 def decode_base64(data: str, param: str) -> bytes:
@@ -31,9 +58,9 @@ def decode_base64(data: str, param: str) -> bytes:
     return raw
 
 
-def load_image(url: str, param: str, args: ServerArgs) -> bytes:
+def load_image(url: str, param: str, policy: MediaPolicy) -> bytes:
     """An image_url's bytes (checked to open as an image)."""
-    data = _fetch(url, param, args)
+    data = _fetch(url, param, policy)
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -63,7 +90,7 @@ def load_audio(data: str, fmt: str, param: str) -> bytes:
     return raw
 
 
-def _fetch(url: str, param: str, args: ServerArgs) -> bytes:
+def _fetch(url: str, param: str, policy: MediaPolicy) -> bytes:
     if url.startswith("data:"):
         header, sep, payload = url.partition(",")
         if not sep or ";base64" not in header:
@@ -73,21 +100,21 @@ def _fetch(url: str, param: str, args: ServerArgs) -> bytes:
         return decode_base64(payload, param)
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     if scheme in ("http", "https"):
-        if not args.allow_remote_media:
+        if not policy.allow_remote_media:
             raise bad_request(
                 f"{param}: remote media URLs are not allowed ({url[:80]!r}); start the server "
                 "with --allow-remote-media, or send a data: URL",
                 param,
                 "remote_media_disabled",
             )
-        return _download(url, param, args)
+        return _download(url, param, policy)
     if scheme in ("", "file"):
-        return _read_local(url, param, args)
+        return _read_local(url, param, policy)
     raise bad_request(f"{param}: unsupported URL scheme {scheme!r}", param)
 
 
-def _read_local(url: str, param: str, args: ServerArgs) -> bytes:
-    root = args.allowed_local_media_path
+def _read_local(url: str, param: str, policy: MediaPolicy) -> bytes:
+    root = policy.allowed_local_media_path
     if root is None:
         raise bad_request(
             f"{param}: local files are not allowed ({url[:80]!r}); start the server with "
@@ -101,18 +128,18 @@ def _read_local(url: str, param: str, args: ServerArgs) -> bytes:
         raise bad_request(f"{param}: {path!r} is outside the allowed media directory", param)
     if not os.path.isfile(real):
         raise bad_request(f"{param}: no such file {path!r}", param)
-    if os.path.getsize(real) > args.max_media_bytes:
-        raise bad_request(f"{param}: {path!r} is over {args.max_media_bytes} bytes", param)
+    if os.path.getsize(real) > policy.max_media_bytes:
+        raise bad_request(f"{param}: {path!r} is over {policy.max_media_bytes} bytes", param)
     with open(real, "rb") as f:
         return f.read()
 
 
-def _download(url: str, param: str, args: ServerArgs) -> bytes:
+def _download(url: str, param: str, policy: MediaPolicy) -> bytes:
     try:
-        with urllib.request.urlopen(url, timeout=args.media_timeout_s) as response:  # noqa: S310
-            data = response.read(args.max_media_bytes + 1)
+        with urllib.request.urlopen(url, timeout=policy.media_timeout_s) as response:  # noqa: S310
+            data = response.read(policy.max_media_bytes + 1)
     except (OSError, ValueError) as e:
         raise bad_request(f"{param}: could not fetch {url[:80]!r}: {e}", param) from None
-    if len(data) > args.max_media_bytes:
-        raise bad_request(f"{param}: {url[:80]!r} is over {args.max_media_bytes} bytes", param)
+    if len(data) > policy.max_media_bytes:
+        raise bad_request(f"{param}: {url[:80]!r} is over {policy.max_media_bytes} bytes", param)
     return data

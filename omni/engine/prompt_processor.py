@@ -1,0 +1,194 @@
+"""User prompts -> normalized PromptInput for the root stage(s), validated before any work.
+
+`PromptProcessor` is the base class of every family's prompt processor (a family names its
+subclass in its manifest, omni/family.py): the family-specific part of the user-facing API. It
+parses prompts, frames chat messages (`chat_text`: Omni.chat and the server's chat endpoint),
+builds the speech prompt (`speech_messages`: the server's /v1/audio/speech) and lists the voices
+a prompt may pick. This base takes text and token ids; its chat framing is the tokenizer's chat
+template, else ChatML with media parts framed by the tokenizer's own media tokens.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from omni.messages import PromptInput
+
+ChatTurn = tuple[str, Sequence[tuple[str, str]]]
+"""One chat message for `chat_text`: (role, parts), each part (kind, text) with kind "text",
+"image" or "audio" (a media part's text is "": the prompt's images / audio hold the items)."""
+
+SPEECH_INSTRUCTION = "Repeat the user's text exactly, word for word, and say nothing else."
+"""The system message of the speech prompt: a talker speaks the thinker's reply, so the speech
+is the input only as far as the model follows this instruction."""
+
+# Media parts without a chat template: the tokenizer's begin, placeholder and end tokens, by the
+# attribute names transformers' Qwen omni tokenizers use; Qwen2.5-Omni's tokens when missing.
+_MEDIA_TOKENS = {
+    "image": (
+        ("vision_bos_token", "<|vision_bos|>"),
+        ("image_token", "<|IMAGE|>"),
+        ("vision_eos_token", "<|vision_eos|>"),
+    ),
+    "audio": (
+        ("audio_bos_token", "<|audio_bos|>"),
+        ("audio_token", "<|AUDIO|>"),
+        ("audio_eos_token", "<|audio_eos|>"),
+    ),
+}
+
+_PROMPT_KEYS = ("prompt", "prompt_token_ids", "images", "audio", "cache_salt")
+
+
+def _checked_token_ids(request_id: str, token_ids: Any) -> list[int]:
+    """Plain ints (numpy integers accepted); anything else is a ValueError naming the entry."""
+    checked = []
+    for index, token_id in enumerate(token_ids):
+        try:
+            if isinstance(token_id, bool):
+                raise TypeError
+            value = operator.index(token_id)
+        except TypeError:
+            value = -1
+        if value < 0:
+            raise ValueError(
+                f"prompt {request_id!r}: prompt_token_ids[{index}] = {token_id!r} is not a "
+                "non-negative integer"
+            )
+        checked.append(value)
+    return checked
+
+
+# What transformers reads a tokenizer from (tokenizer.json, tokenizer_config.json, tokenizer.model,
+# vocab.json + merges.txt, vocab.txt, spiece.model, *.tiktoken, tekken.json, ...).
+_TOKENIZER_FILE = re.compile(
+    r"(tokenizer.*|vocab.*|merges\.txt|special_tokens_map\.json|added_tokens\.json"
+    r"|.*\.tiktoken|tekken\.json|spiece\.model|sentencepiece.*\.model|spm.*\.model)",
+    re.IGNORECASE,
+)
+
+
+def has_tokenizer_files(model_dir: str) -> bool:
+    """Whether a checkpoint directory holds any tokenizer file (True for a non-directory: a hub
+    name is left to transformers)."""
+    if not os.path.isdir(model_dir):
+        return True
+    return any(_TOKENIZER_FILE.fullmatch(name) for name in os.listdir(model_dir))
+
+
+def load_tokenizer(model_dir: str) -> Any | None:
+    """The checkpoint's tokenizer, or None when the directory has no tokenizer files.
+
+    Checked before loading: transformers 5 does not fail on such a directory but builds an empty
+    tokenizer that encodes every text to [] and decodes every token to ''. A directory that has
+    tokenizer files but cannot be loaded still raises transformers' error.
+    """
+    if not has_tokenizer_files(model_dir):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def chat_text(tokenizer: Any, turns: Sequence[ChatTurn]) -> str:
+    """The prompt text for chat turns: `tokenizer`'s chat template when it has one (media parts
+    as {"type": "image"} / {"type": "audio"}, as Hugging Face templates expect), else ChatML,
+    `<|im_start|>ROLE\\nCONTENT<|im_end|>\\n` per turn then `<|im_start|>assistant\\n`, each
+    media part as its begin, placeholder and end tokens (e.g. `<|vision_bos|><|IMAGE|><|vision_eos|>`)."""
+    if getattr(tokenizer, "chat_template", None):
+        return _templated(tokenizer, turns)
+    marks = {
+        kind: "".join(getattr(tokenizer, attr, None) or default for attr, default in tokens)
+        for kind, tokens in _MEDIA_TOKENS.items()
+    }
+    out = []
+    for role, parts in turns:
+        body = "".join(text if kind == "text" else marks[kind] for kind, text in parts)
+        out.append(f"<|im_start|>{role}\n{body}<|im_end|>\n")
+    out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+def _templated(tokenizer: Any, turns: Sequence[ChatTurn]) -> str:
+    messages: list[dict[str, Any]] = []
+    for role, parts in turns:
+        if all(kind == "text" for kind, _ in parts):
+            messages.append({"role": role, "content": "".join(text for _, text in parts)})
+        else:
+            content = [
+                {"type": "text", "text": text} if kind == "text" else {"type": kind}
+                for kind, text in parts
+            ]
+            messages.append({"role": role, "content": content})
+    return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+
+class PromptProcessor:
+    """Tokenizes text prompts with the root stage's tokenizer. Multimodal families subclass it."""
+
+    def __init__(self, model_dir: str) -> None:
+        self.model_dir = model_dir
+        self.tokenizer: Any = load_tokenizer(model_dir)
+        """The root stage's tokenizer; None for a checkpoint without tokenizer files, which
+        serves prompt_token_ids only (vLLM's skip_tokenizer_init)."""
+        self.voices: list[str] = []
+        """Speakers a prompt may pick with its "speaker" key (none for text-only pipelines)."""
+
+    def chat_text(self, turns: Sequence[ChatTurn]) -> str:
+        """The prompt text for chat turns (module function `chat_text`); a family whose
+        tokenizers carry no template and frame chats otherwise overrides it."""
+        return chat_text(self.tokenizer, turns)
+
+    def speech_messages(self, text: str, instructions: str | None = None) -> list[dict[str, str]]:
+        """The chat that makes the pipeline say `text` (/v1/audio/speech); `instructions` are
+        appended to its system message."""
+        system = SPEECH_INSTRUCTION + (f" {instructions}" if instructions else "")
+        return [{"role": "system", "content": system}, {"role": "user", "content": text}]
+
+    def __call__(self, request_id: str, prompt: Any) -> PromptInput:
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        elif isinstance(prompt, list | tuple):
+            prompt = {"prompt_token_ids": list(prompt)}
+        if not isinstance(prompt, dict):
+            raise ValueError(
+                f"prompt {request_id!r}: expected str, list of token ids or dict, got {type(prompt).__name__}"
+            )
+        unknown = sorted(set(prompt) - set(_PROMPT_KEYS))
+        if unknown:
+            raise ValueError(
+                f"prompt {request_id!r}: unknown key(s) {unknown}; valid: {list(_PROMPT_KEYS)}"
+            )
+        if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+            raise ValueError(
+                f"prompt {request_id!r}: give exactly one of 'prompt' and 'prompt_token_ids'"
+            )
+        if prompt.get("images") or prompt.get("audio"):
+            raise ValueError(
+                f"prompt {request_id!r}: this pipeline's root stage takes text only, "
+                "but the prompt has images or audio"
+            )
+        text = prompt.get("prompt")
+        if text is not None:
+            if not isinstance(text, str) or not text:
+                raise ValueError(
+                    f"prompt {request_id!r}: 'prompt' must be a non-empty string, got {text!r}"
+                )
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"prompt {request_id!r}: this model has no tokenizer (no tokenizer files in "
+                    f"{self.model_dir}): give prompt_token_ids"
+                )
+            token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            token_ids = _checked_token_ids(request_id, prompt["prompt_token_ids"])
+        if not token_ids:
+            raise ValueError(f"prompt {request_id!r}: prompt_token_ids is empty")
+        salt = prompt.get("cache_salt")
+        if salt is not None and not isinstance(salt, str):
+            raise ValueError(f"prompt {request_id!r}: cache_salt must be a string, got {salt!r}")
+        return PromptInput(request_id, token_ids, text=text, cache_salt=salt, original=prompt)
