@@ -167,3 +167,22 @@ def test_chat_second_turn_hits_thinker_and_talker(qwen3_dir):
     for stage in ("thinker", "talker"):
         assert one.stages[stage].num_cached_tokens == 0
         assert two.stages[stage].num_cached_tokens >= 16, stage
+
+
+def test_omni_run_output_wav(qwen3_dir, tmp_path, capsys):
+    """`omni run --model DIR --output-wav` writes the waveform Omni.generate gives the prompt."""
+    from omni.audio import write_wav
+    from omni.entrypoints.cli import main
+
+    sets = {**ON_CPU, "stages.thinker.sampling.max_tokens": THINKER_TOKENS,
+            "stages.talker.sampling.max_tokens": TALKER_TOKENS}  # fmt: skip
+    path = tmp_path / "out.wav"
+    argv = ["run", "--model", qwen3_dir, "--prompt", TEXT, "--output-wav", str(path),
+            "--set", "runtime.backend=local"]  # fmt: skip
+    assert main(argv + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]) == 0
+    assert "out.wav" in capsys.readouterr().out
+    with Omni(model=qwen3_dir, runtime={"backend": "local"}, **sets) as omni:
+        (ref,) = omni.generate([{"prompt": TEXT}], use_tqdm=False)
+    assert ref.error is None and ref.final.audio.numel() > 0 and ref.final.sample_rate == 24000
+    write_wav(tmp_path / "ref.wav", ref.final.audio, 24000)
+    assert path.read_bytes() == (tmp_path / "ref.wav").read_bytes()  # one process: same floats
