@@ -51,6 +51,7 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         device: torch.device | str = "cpu",
     ) -> None:
         from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+            Qwen3OmniMoeAudioEncoderConfig,
             Qwen3OmniMoeTalkerConfig,
         )
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
@@ -63,6 +64,14 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         with open(os.path.join(model_dir, "config.json")) as f:
             raw = json.load(f)
         config = Qwen3OmniMoeTalkerConfig(**raw["talker_config"])
+        # transformers' talker positions an audio item by `self.config.audio_config.n_window`,
+        # which a talker config lacks: generate crashes (AttributeError) on a prompt with images
+        # and audio. The thinker's audio config (the tower that made those tokens) supplied here
+        # is that crash fixed and nothing else (docs/qwen3_omni.md, "Images and audio").
+        if not hasattr(config, "audio_config"):
+            config.audio_config = Qwen3OmniMoeAudioEncoderConfig(
+                **raw["thinker_config"]["audio_config"]
+            )
         config.text_config._attn_implementation = ATTENTION_NAME
         # The code predictor runs whole frames with its own small cache, on sdpa as in generate.
         config.code_predictor_config._attn_implementation = "sdpa"
