@@ -13,10 +13,12 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from omni.entrypoints.openai import chat, completions, speech
 from omni.entrypoints.openai.args import ServerArgs
 from omni.entrypoints.openai.context import Context
+from omni.entrypoints.openai.context import check_api_key as _auth
 from omni.entrypoints.openai.errors import (
     OpenAIError,
     bad_request,
@@ -25,6 +27,7 @@ from omni.entrypoints.openai.errors import (
 )
 from omni.entrypoints.openai.metrics import ENDPOINTS, ServerMetrics
 from omni.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, SpeechRequest
+from omni.entrypoints.openai.realtime import endpoint as realtime
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -90,6 +93,10 @@ def build_app(async_omni: Any, args: ServerArgs) -> FastAPI:
         _auth(request, args)
         return await speech.create(ctx, request, await _parse(request, SpeechRequest, args))
 
+    @app.websocket("/v1/realtime")
+    async def realtime_session(ws: WebSocket) -> None:
+        await realtime.serve(ws, ctx)
+
     app.add_middleware(_CountRequests, metrics=ctx.metrics)
     return app
 
@@ -101,19 +108,6 @@ def _model_card(ctx: Context) -> dict[str, Any]:
         "created": ctx.created,
         "owned_by": "omni",
     }
-
-
-def _auth(request: Request, args: ServerArgs) -> None:
-    if args.api_key is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or key.strip() != args.api_key:
-        raise OpenAIError(
-            401,
-            "Incorrect API key provided" if header else "Missing bearer key (Authorization header)",
-            code="invalid_api_key",
-        )
 
 
 async def _parse(request: Request, model: type[M], args: ServerArgs) -> M:

@@ -59,11 +59,7 @@ def chat_prompt(
                     )
                     pieces.append(("audio", ""))
         turns.append((role, pieces))
-    if getattr(tokenizer, "chat_template", None):
-        text = _templated(tokenizer, turns)
-    else:
-        text = _qwen_framing(tokenizer, turns)
-    prompt: dict[str, Any] = {"prompt": text}
+    prompt: dict[str, Any] = {"prompt": render_turns(tokenizer, turns)}
     if images:
         prompt["images"] = images
     if audio:
@@ -80,7 +76,16 @@ def speech_prompt(tokenizer: Any, text: str) -> dict[str, Any]:
     )
 
 
-def _qwen_framing(tokenizer: Any, turns: list[tuple[str, list[tuple[str, str]]]]) -> str:
+def render_turns(tokenizer: Any, turns: Sequence[tuple[str, Sequence[tuple[str, str]]]]) -> str:
+    """The prompt text of `turns` (role, [(kind, text)], kind "text", "image" or "audio") with
+    the generation prompt: the chat template when the tokenizer has one, else the Qwen framing.
+    The realtime endpoint renders its conversations with it, as chat_prompt does messages."""
+    if getattr(tokenizer, "chat_template", None):
+        return _templated(tokenizer, turns)
+    return _qwen_framing(tokenizer, turns)
+
+
+def _qwen_framing(tokenizer: Any, turns: Sequence[tuple[str, Sequence[tuple[str, str]]]]) -> str:
     marks = {
         "image": "<|vision_bos|>{}<|vision_eos|>".format(
             getattr(tokenizer, "image_token", None) or "<|IMAGE|>"
@@ -97,7 +102,7 @@ def _qwen_framing(tokenizer: Any, turns: list[tuple[str, list[tuple[str, str]]]]
     return "".join(out)
 
 
-def _templated(tokenizer: Any, turns: list[tuple[str, list[tuple[str, str]]]]) -> str:
+def _templated(tokenizer: Any, turns: Sequence[tuple[str, Sequence[tuple[str, str]]]]) -> str:
     messages: list[dict[str, Any]] = []
     for role, pieces in turns:
         if all(kind == "text" for kind, _ in pieces):
