@@ -1,0 +1,184 @@
+"""`/v1/realtime` end to end: real `omni serve` subprocesses (the tiny Qwen2.5-Omni, and the tiny
+Qwen2 as a text-only pipeline), driven by the official `openai` client's
+`client.realtime.connect`, unchanged.
+
+The reference is AsyncOmni.generate in this process on the chat prompt of the same conversation
+(`chat_prompt` of chat messages, spoken turns as 24 kHz WAVs of the same samples, the model's
+earlier replies as the text the client was sent), with the stage configs' sampling (greedy) and
+the thinker's max_tokens: text equal, audio within one int16 step (two processes round the same
+floats). The speech signal is a synthetic vowel-like sound that Silero VAD detects
+(realtime_support.speech).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from helpers import OMNI_ON_CPU, cli_sets, on_cpu
+from prometheus_client.parser import text_string_to_metric_families
+from realtime_support import append, reference_turn, silence, speech, turn, until, wav_part
+from server_support import KEY, LM_NAME, OMNI_NAME
+
+from omni.entrypoints.async_omni import AsyncOmni
+from tools.make_tiny_checkpoint import ensure_checkpoint
+from tools.serve_process import ServeProcess
+
+pytestmark = pytest.mark.slow
+NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+
+
+@pytest.fixture(scope="module")
+def servers(omni_dir):
+    local = ["--set", "runtime.backend=local"]
+    omni = ServeProcess(
+        ["--model", omni_dir, "--served-model-name", OMNI_NAME, "--api-key", KEY, *local]
+        + cli_sets(OMNI_ON_CPU)
+    ).start()
+    lm_dir = str(ensure_checkpoint("qwen2", "tiny", 0))
+    lm = ServeProcess(
+        ["--model", lm_dir, "--served-model-name", LM_NAME, *local, *cli_sets(on_cpu("llm"))]
+    ).start()
+    try:
+        async_omni = AsyncOmni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU)
+        omni.wait_ready()
+        lm.wait_ready()
+        yield omni, lm, async_omni
+    finally:
+        omni.stop()
+        lm.stop()
+        if "async_omni" in locals():
+            async_omni.shutdown()
+
+
+def _connect(server, model=OMNI_NAME, key=KEY):
+    client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key=key, max_retries=0)
+    return client.realtime.connect(model=model)
+
+
+def _user(*parts) -> dict:
+    content = [{"type": "text", "text": p} if isinstance(p, str) else wav_part(p) for p in parts]
+    return {"role": "user", "content": content}
+
+
+async def _say(conn, text: str, **response) -> None:
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    await conn.conversation.item.create(item=item)
+    await until(conn, "conversation.item.done")
+    await conn.response.create(response=response or None)
+
+
+def _check(got, ref) -> None:
+    text, audio, num_prompt = ref
+    assert got.text == text
+    assert got.done["usage"]["input_tokens"] == num_prompt
+    if audio is not None:
+        assert got.audio.size == audio.size > 0
+        assert np.abs(got.audio.astype(np.int32) - audio.astype(np.int32)).max() <= 1
+
+
+def _engine_idle(server, timeout: float = 20.0) -> None:
+    """Waits until no request runs and no KV block is held in any stage (blocks freed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        values = {}
+        for family in text_string_to_metric_families(httpx.get(server.base_url + "/metrics").text):
+            for s in family.samples:
+                values[s.name + str(sorted(s.labels.items()))] = s.value
+        blocks = sum(v for k, v in values.items() if k.startswith("omni_stage_kv_blocks_in_use"))
+        running = values["omni_requests_running[]"]
+        if running == 0 and blocks == 0:
+            return
+        assert time.monotonic() < deadline, (running, blocks)
+        time.sleep(0.05)
+
+
+def test_typed_spoken_and_text_turns_equal_async_omni(servers):
+    """Three turns on one connection: typed with audio out, spoken (committed by the client)
+    with audio out, typed with text out. Turns 2 and 3 hit the prefix cache (the prompt is the
+    whole conversation) and usage reports it."""
+    omni, _, async_omni = servers
+
+    async def go():
+        async with _connect(omni) as conn:
+            created = (await until(conn, "session.created"))[-1]["session"]
+            assert created["output_modalities"] == ["audio"]
+            assert created["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+            await conn.session.update(session={**NO_VAD, "max_output_tokens": 6})
+            assert (await until(conn, "session.updated"))[-1]["session"]["max_output_tokens"] == 6
+            messages = [_user("Hello there")]
+            await _say(conn, "Hello there")
+            first = turn(await until(conn, "response.done"))
+            _check(first, await reference_turn(async_omni, messages, 6, audio=True))
+            messages.append({"role": "assistant", "content": first.text})
+
+            voice = speech(1.0)
+            await append(conn, voice)
+            await conn.input_audio_buffer.commit()
+            events = await until(conn, "conversation.item.done")
+            committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+            assert events[-1]["item"]["id"] == committed["item_id"]
+            assert events[-1]["item"]["content"][0]["type"] == "input_audio"
+            await conn.response.create()
+            second = turn(await until(conn, "response.done"))
+            messages.append(_user(voice))
+            _check(second, await reference_turn(async_omni, messages, 6, audio=True))
+            messages.append({"role": "assistant", "content": second.text})
+
+            await _say(conn, "And now?", output_modalities=["text"])
+            events = await until(conn, "response.done")
+            assert not any("audio" in e["type"] for e in events)
+            third = turn(events)
+            messages.append(_user("And now?"))
+            _check(third, await reference_turn(async_omni, messages, 6, audio=False))
+            cached = [
+                t.done["usage"]["input_token_details"]["cached_tokens"] for t in (second, third)
+            ]
+            assert 0 < cached[0] < cached[1] < third.done["usage"]["input_tokens"], cached
+
+    asyncio.run(go())
+
+
+def test_server_vad_commits_and_responds(servers):
+    omni, _, async_omni = servers
+    vad = {"type": "server_vad", "silence_duration_ms": 300, "prefix_padding_ms": 96}
+    audio = np.concatenate([silence(0.6), speech(1.2), silence(0.7)])
+
+    async def go():
+        async with _connect(omni) as conn:
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "output_modalities": ["text"],
+                    "max_output_tokens": 4,
+                    "audio": {"input": {"turn_detection": vad}},
+                }
+            )
+            await until(conn, "session.updated")
+            await append(conn, audio)
+            events = await until(conn, "response.done")
+            kinds = [e["type"] for e in events]
+            order = [
+                "input_audio_buffer.speech_started",
+                "input_audio_buffer.speech_stopped",
+                "input_audio_buffer.committed",
+                "conversation.item.added",
+                "response.created",
+                "response.done",
+            ]
+            assert [kinds.index(k) for k in order] == sorted(kinds.index(k) for k in order)
+            started, stopped, committed = (events[kinds.index(k)] for k in order[:3])
+            assert started["item_id"] == stopped["item_id"] == committed["item_id"]
+            # speech from 600 to 1800 ms; windows of 32 ms; 96 ms of padding; 300 ms of silence
+            assert 600 - 96 - 64 <= started["audio_start_ms"] <= 600 - 96 + 64, started
+            assert 1800 + 300 <= stopped["audio_end_ms"] <= 1800 + 300 + 320, stopped
+            spoken = audio[started["audio_start_ms"] * 24 : stopped["audio_end_ms"] * 24]
+            got = turn(events)
+            return got, await reference_turn(async_omni, [_user(spoken)], 4, audio=False)
+
+    got, ref = asyncio.run(go())
+    _check(got, ref)
