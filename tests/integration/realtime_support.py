@@ -20,6 +20,8 @@ import numpy as np
 from omni.entrypoints.openai.audio_encoding import pcm16
 
 RATE = 24000
+NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+"""A session.update turning server VAD off (turns end at input_audio_buffer.commit)."""
 VOWELS = np.array(
     [(730, 1090, 2440), (270, 2290, 3010), (300, 870, 2240), (530, 1840, 2480), (570, 840, 2410)],
     dtype=np.float64,
@@ -125,3 +127,70 @@ async def reference_turn(async_omni: Any, messages: list[dict], max_tokens: int,
     thinker = last.stages["thinker"]
     wave_out = pcm16(last.final.audio) if audio else None
     return thinker.text, wave_out, thinker.num_prompt_tokens
+
+
+BAD_EVENTS = [
+    # (name, event, error code, error param)
+    ("unknown type", {"type": "conversation.frobnicate"}, "invalid_event_type", "type"),
+    ("bad base64", {"type": "input_audio_buffer.append", "audio": "@@@"}, "invalid_value", "audio"),
+    (
+        "odd byte count",
+        {"type": "input_audio_buffer.append", "audio": "AAAA"},  # 3 bytes
+        "invalid_audio_format",
+        "audio",
+    ),
+    (
+        "mu-law input",
+        {
+            "type": "session.update",
+            "session": {**NO_VAD, "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+        },
+        "unsupported_value",
+        "session.audio.input.format",
+    ),
+    (
+        "16 kHz input",
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}},
+            },
+        },
+        "unsupported_value",
+        "session.audio.input.format",
+    ),
+    (
+        "max_output_tokens 0",
+        {"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 0}},
+        "invalid_value",
+        "session.max_output_tokens",
+    ),
+    (
+        "unknown voice",
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"output": {"voice": "alloy"}}},
+        },
+        "invalid_value",
+        "session.audio.output.voice",
+    ),
+    (
+        "unknown field",
+        {"type": "response.create", "response": {"temperature": 0.7}},
+        "unknown_parameter",
+        "response.temperature",
+    ),
+    (
+        "commit of an empty buffer",
+        {"type": "input_audio_buffer.commit"},
+        "input_audio_buffer_commit_empty",
+        None,
+    ),
+    (
+        "oversized",
+        {"type": "input_audio_buffer.append", "audio": "A" * (8 * 1024 * 1024)},
+        "event_too_large",
+        None,
+    ),
+]

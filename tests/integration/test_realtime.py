@@ -13,6 +13,7 @@ floats). The speech signal is a synthetic vowel-like sound that Silero VAD detec
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -21,7 +22,18 @@ import openai
 import pytest
 from helpers import OMNI_ON_CPU, cli_sets, on_cpu
 from prometheus_client.parser import text_string_to_metric_families
-from realtime_support import append, reference_turn, silence, speech, turn, until, wav_part
+from realtime_support import (
+    BAD_EVENTS,
+    NO_VAD,
+    append,
+    b64,
+    reference_turn,
+    silence,
+    speech,
+    turn,
+    until,
+    wav_part,
+)
 from server_support import KEY, LM_NAME, OMNI_NAME
 
 from omni.entrypoints.async_omni import AsyncOmni
@@ -29,7 +41,6 @@ from tools.make_tiny_checkpoint import ensure_checkpoint
 from tools.serve_process import ServeProcess
 
 pytestmark = pytest.mark.slow
-NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +193,171 @@ def test_server_vad_commits_and_responds(servers):
 
     got, ref = asyncio.run(go())
     _check(got, ref)
+
+
+def test_barge_in_cancels_the_response_and_the_next_is_correct(servers):
+    """Speech detected during a response cancels it (turn_detected): its request is aborted in
+    every stage (no request runs, no block is held), the reply stays as the text sent, and the
+    next response (on the conversation with the spoken turn) is correct."""
+    omni, _, async_omni = servers
+    vad = {"type": "server_vad", "silence_duration_ms": 300, "create_response": False}
+    interruption = np.concatenate([speech(0.6), silence(0.5)])
+
+    async def go():
+        async with _connect(omni) as conn:
+            session = {"type": "realtime", "max_output_tokens": 1000}
+            await conn.session.update(
+                session={**session, "audio": {"input": {"turn_detection": vad}}}
+            )
+            await until(conn, "session.updated")
+            await _say(conn, "Tell me a long story")
+            events = await until(conn, "response.output_audio_transcript.delta")
+            await append(conn, interruption)
+            events += await until(conn, "response.done")
+            kinds = [e["type"] for e in events]
+            assert kinds.index("input_audio_buffer.speech_started") < kinds.index("response.done")
+            cut = turn(events)
+            assert cut.done["status"] == "cancelled"
+            assert cut.done["status_details"]["reason"] == "turn_detected"
+            assert cut.done["output"][0]["content"][0]["transcript"] == cut.text
+            events += await until(conn, "input_audio_buffer.committed")
+            start = next(e for e in events if e["type"].endswith("speech_started"))
+            stop = next(e for e in events if e["type"].endswith("speech_stopped"))
+            await asyncio.to_thread(_engine_idle, omni)
+            await conn.response.create(
+                response={"output_modalities": ["text"], "max_output_tokens": 5}
+            )
+            after = turn(await until(conn, "response.done"))
+            return cut, after, start, stop
+
+    cut, after, start, stop = asyncio.run(go())
+    # the interruption is the session's only audio: its positions are the session's
+    heard = interruption[start["audio_start_ms"] * 24 : stop["audio_end_ms"] * 24]
+    messages = [_user("Tell me a long story"), {"role": "assistant", "content": cut.text}]
+    ref = asyncio.run(reference_turn(async_omni, [*messages, _user(heard)], 5, audio=False))
+    _check(after, ref)
+
+
+def test_response_cancel_and_disconnect_free_the_engine(servers):
+    omni, _, _ = servers
+
+    async def go():
+        async with _connect(omni) as conn:
+            await conn.session.update(session={**NO_VAD, "max_output_tokens": 1000})
+            await until(conn, "session.updated")
+            await _say(conn, "Count to a thousand", output_modalities=["text"])
+            await until(conn, "response.output_text.delta")
+            await conn.response.cancel()
+            done = (await until(conn, "response.done"))[-1]["response"]
+            assert done["status"] == "cancelled"
+            assert done["status_details"]["reason"] == "client_cancelled"
+            await asyncio.to_thread(_engine_idle, omni)
+            await conn.response.cancel()
+            error = (await until(conn, "error"))[-1]["error"]
+            assert error["code"] == "response_cancel_not_active"
+            # a spoken reply, left while the talker and vocoder run: the close aborts it
+            await conn.response.create()
+            await until(conn, "response.output_audio.delta")
+        await asyncio.to_thread(_engine_idle, omni)
+
+    asyncio.run(go())
+
+
+def test_bad_events_are_errors_and_the_connection_stays_usable(servers):
+    omni, _, _ = servers
+
+    async def go():
+        async with _connect(omni) as conn:
+            await until(conn, "session.created")
+            for name, bad, code, param in BAD_EVENTS:
+                await conn.send_raw(json.dumps({**bad, "event_id": f"evt_{len(name)}"}))
+                event = (await until(conn, "error"))[-1]
+                error = event["error"]
+                assert (error["code"], error["param"]) == (code, param), (name, error)
+                if name != "oversized":  # not parsed: its id is unknown
+                    assert error["event_id"] == f"evt_{len(name)}", (name, error)
+            # nothing was changed by the refused events, and the connection still answers
+            await conn.session.update(session={**NO_VAD, "max_output_tokens": 2})
+            session = (await until(conn, "session.updated"))[-1]["session"]
+            assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+            assert session["audio"]["output"]["voice"] is None
+            await _say(conn, "hi", output_modalities=["text"])
+            done = (await until(conn, "response.done"))[-1]["response"]
+            assert done["usage"]["output_tokens"] <= 2
+            await conn.response.create()
+            await conn.response.create()  # while the first runs
+            error = (await until(conn, "error"))[-1]["error"]
+            assert error["code"] == "conversation_already_has_active_response"
+            await until(conn, "response.done")
+
+    asyncio.run(go())
+
+
+def test_api_key_and_model_are_checked_at_the_upgrade(servers):
+    omni, _, _ = servers
+
+    async def connect(**kwargs):
+        async with _connect(omni, **kwargs) as conn:
+            await conn.recv()
+
+    for kwargs, status in (({"key": "wrong"}, 401), ({"model": "gpt-realtime"}, 404)):
+        with pytest.raises(Exception) as info:
+            asyncio.run(connect(**kwargs))
+        assert getattr(getattr(info.value, "response", None), "status_code", None) == status
+
+
+def test_eight_concurrent_connections(servers):
+    omni, _, async_omni = servers
+    texts = [f"Question number {i}: what is {i} + {i}?" for i in range(8)]
+
+    async def one(text):
+        async with _connect(omni) as conn:
+            await conn.session.update(session={**NO_VAD, "max_output_tokens": 5})
+            await until(conn, "session.updated")
+            await _say(conn, text, output_modalities=["text"])
+            return turn(await until(conn, "response.done"))
+
+    async def go():
+        got = await asyncio.gather(*(one(t) for t in texts))
+        refs = await asyncio.gather(
+            *(reference_turn(async_omni, [_user(t)], 5, audio=False) for t in texts)
+        )
+        return got, refs
+
+    got, refs = asyncio.run(go())
+    assert len({r[0] for r in refs}) > 1  # different answers: a mix-up would show
+    for g, r in zip(got, refs, strict=True):
+        _check(g, r)
+
+
+def test_text_only_pipeline(servers):
+    """A plain LM serves text turns, equal to its /v1/chat/completions answer, and refuses
+    audio output and audio input with an error naming the field."""
+    _, lm, _ = servers
+
+    async def go():
+        async with _connect(lm, model=LM_NAME, key="unused") as conn:
+            session = (await until(conn, "session.created"))[-1]["session"]
+            assert session["output_modalities"] == ["text"]
+            await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"]})
+            error = (await until(conn, "error"))[-1]["error"]
+            assert error["param"] == "session.output_modalities"
+            assert "does not produce audio" in error["message"]
+            await conn.input_audio_buffer.append(audio=b64(speech(0.2)))
+            error = (await until(conn, "error"))[-1]["error"]
+            assert (error["param"], error["code"]) == ("audio", "unsupported_value")
+            await _say(conn, "Hello there", output_modalities=["audio"])
+            error = (await until(conn, "error"))[-1]["error"]
+            assert error["param"] == "response.output_modalities"
+            await conn.session.update(session={**NO_VAD, "max_output_tokens": 6})
+            await until(conn, "session.updated")
+            await conn.response.create()
+            return turn(await until(conn, "response.done"))
+
+    got = asyncio.run(go())
+    client = openai.OpenAI(base_url=lm.base_url + "/v1", api_key="unused", max_retries=0)
+    chat = client.chat.completions.create(
+        model=LM_NAME, messages=[_user("Hello there")], max_tokens=6
+    )
+    assert got.text == chat.choices[0].message.content
+    assert got.done["usage"]["input_tokens"] == chat.usage.prompt_tokens
