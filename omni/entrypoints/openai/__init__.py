@@ -8,7 +8,8 @@ body), `media` (image/audio parts -> prompt items, with the local/remote media p
 `prompts` (chat messages -> prompt text), `sampling` (request fields -> per-stage
 SamplingParams), `chat`, `completions`, `speech` (the endpoints), `streaming` (SSE and
 disconnect handling), `audio_encoding` (wav/pcm16 bytes), `metrics` (Prometheus), `app`
-(routes, auth, body limit), `server` (uvicorn, signals, the ready line).
+(routes, auth, body limit), `server` (uvicorn, signals, the ready line), `realtime/` (the
+`/v1/realtime` WebSocket: OpenAI Realtime sessions, docs/serving.md).
 """
 
 from __future__ import annotations
