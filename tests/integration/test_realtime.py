@@ -41,6 +41,8 @@ from tools.make_tiny_checkpoint import ensure_checkpoint
 from tools.serve_process import ServeProcess
 
 pytestmark = pytest.mark.slow
+# Shorter replies (16 codes, 0.32 s of audio) on both sides: the server and the reference.
+OMNI = {**OMNI_ON_CPU, "stages.talker.sampling.max_tokens": 16}
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +50,14 @@ def servers(omni_dir):
     local = ["--set", "runtime.backend=local"]
     omni = ServeProcess(
         ["--model", omni_dir, "--served-model-name", OMNI_NAME, "--api-key", KEY, *local]
-        + cli_sets(OMNI_ON_CPU)
+        + cli_sets(OMNI)
     ).start()
     lm_dir = str(ensure_checkpoint("qwen2", "tiny", 0))
     lm = ServeProcess(
         ["--model", lm_dir, "--served-model-name", LM_NAME, *local, *cli_sets(on_cpu("llm"))]
     ).start()
     try:
-        async_omni = AsyncOmni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU)
+        async_omni = AsyncOmni(model=omni_dir, runtime={"backend": "local"}, **OMNI)
         omni.wait_ready()
         lm.wait_ready()
         yield omni, lm, async_omni
@@ -255,7 +257,8 @@ def test_response_cancel_and_disconnect_free_the_engine(servers):
             await conn.response.cancel()
             error = (await until(conn, "error"))[-1]["error"]
             assert error["code"] == "response_cancel_not_active"
-            # a spoken reply, left while the talker and vocoder run: the close aborts it
+            # a spoken reply (the thinker's 1000 tokens still running at its first audio), left
+            # mid-way: the close aborts it in every stage
             await conn.response.create()
             await until(conn, "response.output_audio.delta")
         await asyncio.to_thread(_engine_idle, omni)

@@ -98,8 +98,10 @@ class Response:
         timer = ctx.metrics.timer(ENDPOINT)
         last: OmniOutput | None = None
         status, details = "in_progress", None
+        created = False
         try:
             await self.send(event("response.created", response=self._object("in_progress")))
+            created = True
             await self.send(self._item_event("response.output_item.added"))
             await self.send(self._item_event("conversation.item.added"))
             await self.send(self._part_event("response.content_part.added", ""))
@@ -127,7 +129,8 @@ class Response:
             status, details = "cancelled", {"type": "cancelled", "reason": reason}
         finally:
             timer.done(ok=status == "completed")
-        await self._finish(status, details, last, prepared.prompt_token_ids)
+        if created:  # a response the client never saw created gets no done events either
+            await self._finish(status, details, last, prepared.prompt_token_ids)
 
     async def _send_text(self, text: str) -> None:
         kind = (
