@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,11 @@ def load_silero() -> Any:
             "audio.input.turn_detection to null and commit turns yourself"
         )
     path = pathlib.Path(spec.origin).parent / "data" / "silero_vad.jit"
-    return torch.jit.load(str(path), map_location="cpu").eval()
+    with warnings.catch_warnings():
+        # torch 2.13 deprecates TorchScript; Silero ships its PyTorch model only as TorchScript
+        # (the other files are ONNX, which would need onnxruntime).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.load(str(path), map_location="cpu").eval()
 
 
 @dataclass(frozen=True)
