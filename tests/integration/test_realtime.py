@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 
 import httpx
@@ -62,10 +63,13 @@ def servers(omni_dir):
         lm.wait_ready()
         yield omni, lm, async_omni
     finally:
-        omni.stop()
-        lm.stop()
+        for server in (omni, lm):  # both stop at once
+            if server.proc is not None and server.proc.poll() is None:
+                server.proc.send_signal(signal.SIGTERM)
         if "async_omni" in locals():
             async_omni.shutdown()
+        omni.stop()
+        lm.stop()
 
 
 def _connect(server, model=OMNI_NAME, key=KEY):
