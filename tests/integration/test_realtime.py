@@ -42,8 +42,18 @@ from tools.make_tiny_checkpoint import ensure_checkpoint
 from tools.serve_process import ServeProcess
 
 pytestmark = pytest.mark.slow
-# Shorter replies (16 codes, 0.32 s of audio) on both sides: the server and the reference.
-OMNI = {**OMNI_ON_CPU, "stages.talker.sampling.max_tokens": 16}
+# On both sides, the server and the reference: replies of exactly max_output_tokens (the tiny
+# model's greedy replies otherwise end in 40-70 tokens, too soon for a cancel to meet them
+# running), and shorter speech (16 codes, 0.32 s).
+OMNI = {
+    **OMNI_ON_CPU,
+    "stages.thinker.sampling.ignore_eos": True,
+    "stages.talker.sampling.max_tokens": 16,
+}
+LONG = 4000
+"""max_output_tokens of the responses that are cancelled: 7 s of work on an idle 2-core machine,
+against IDLE_S for the engine to be idle once one is cancelled or left (an abort, not the end)."""
+IDLE_S = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +108,7 @@ def _check(got, ref) -> None:
         assert np.abs(got.audio.astype(np.int32) - audio.astype(np.int32)).max() <= 1
 
 
-def _engine_idle(server, timeout: float = 20.0) -> None:
+def _engine_idle(server, timeout: float = IDLE_S) -> None:
     """Waits until no request runs and no KV block is held in any stage (blocks freed)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -211,7 +221,7 @@ def test_barge_in_cancels_the_response_and_the_next_is_correct(servers):
 
     async def go():
         async with _connect(omni) as conn:
-            session = {"type": "realtime", "max_output_tokens": 1000}
+            session = {"type": "realtime", "max_output_tokens": LONG}
             await conn.session.update(
                 session={**session, "audio": {"input": {"turn_detection": vad}}}
             )
@@ -249,7 +259,7 @@ def test_response_cancel_and_disconnect_free_the_engine(servers):
 
     async def go():
         async with _connect(omni) as conn:
-            await conn.session.update(session={**NO_VAD, "max_output_tokens": 1000})
+            await conn.session.update(session={**NO_VAD, "max_output_tokens": LONG})
             await until(conn, "session.updated")
             await _say(conn, "Count to a thousand", output_modalities=["text"])
             await until(conn, "response.output_text.delta")
@@ -261,7 +271,7 @@ def test_response_cancel_and_disconnect_free_the_engine(servers):
             await conn.response.cancel()
             error = (await until(conn, "error"))[-1]["error"]
             assert error["code"] == "response_cancel_not_active"
-            # a spoken reply (the thinker's 1000 tokens still running at its first audio), left
+            # a spoken reply (the thinker's LONG tokens still running at its first audio), left
             # mid-way: the close aborts it in every stage
             await conn.response.create()
             await until(conn, "response.output_audio.delta")
@@ -291,11 +301,12 @@ def test_bad_events_are_errors_and_the_connection_stays_usable(servers):
             await _say(conn, "hi", output_modalities=["text"])
             done = (await until(conn, "response.done"))[-1]["response"]
             assert done["usage"]["output_tokens"] <= 2
-            await conn.response.create()
+            await conn.response.create(response={"max_output_tokens": LONG})
             await conn.response.create()  # while the first runs
             error = (await until(conn, "error"))[-1]["error"]
             assert error["code"] == "conversation_already_has_active_response"
-            await until(conn, "response.done")
+            await conn.response.cancel()
+            assert (await until(conn, "response.done"))[-1]["response"]["status"] == "cancelled"
 
     asyncio.run(go())
 

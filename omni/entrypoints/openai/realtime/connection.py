@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omni.entrypoints.openai.context import Context
-from omni.entrypoints.openai.errors import OpenAIError, bad_request
+from omni.entrypoints.openai.errors import OpenAIError, bad_request, from_exception
 from omni.entrypoints.openai.realtime import conversation, events, input_audio
 from omni.entrypoints.openai.realtime.input_audio import AudioBuffer, ms
 from omni.entrypoints.openai.realtime.response import Response
 from omni.entrypoints.openai.realtime.server_events import error, event, make_id
 from omni.entrypoints.openai.realtime.session_state import SAMPLE_RATE, SessionState
 from omni.entrypoints.openai.realtime.vad import TurnDetector, VadEvent, load_silero
+
+log = logging.getLogger(__name__)
 
 
 class Connection:
@@ -81,8 +84,10 @@ class Connection:
             return
         try:
             await getattr(self, "_on_" + ev.type.replace(".", "_"))(ev)
-        except OpenAIError as e:
-            await self.send(error(e, ev.event_id))
+        except Exception as e:  # noqa: BLE001 - one event fails, the session goes on
+            if not isinstance(e, OpenAIError):
+                log.exception("realtime event %s failed", ev.type)
+            await self.send(error(from_exception(e), ev.event_id))
 
     @property
     def responding(self) -> bool:

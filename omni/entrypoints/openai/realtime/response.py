@@ -88,11 +88,11 @@ class Response:
             sampling.check_context(
                 async_omni, text_stage, prepared, s.max_output_tokens, "max_output_tokens"
             )
-        except OpenAIError as e:
-            await self.send(error(e, self.client_event_id))
-            return
         except asyncio.CancelledError:
             return  # cancelled before it was created: nothing to report
+        except Exception as e:  # noqa: BLE001 - an `error` event; the session goes on
+            await self.send(error(from_exception(e), self.client_event_id))
+            return
         self.previous_item_id = self.conversation.add(self.item)
         cursor = SnapshotCursor(text_stage, plan.stop_strings)
         timer = ctx.metrics.timer(ENDPOINT)
@@ -127,6 +127,11 @@ class Response:
         except asyncio.CancelledError:
             reason = self.cancel_reason or "client_cancelled"
             status, details = "cancelled", {"type": "cancelled", "reason": reason}
+        except Exception as e:  # noqa: BLE001 - e.g. the engine shut down: a failed response
+            status, details = (
+                "failed",
+                {"type": "failed", "error": from_exception(e).body()["error"]},
+            )
         finally:
             timer.done(ok=status == "completed")
         if created:  # a response the client never saw created gets no done events either
