@@ -1,5 +1,6 @@
-"""build_app(async_omni, args): the FastAPI app. Routes, bearer-key auth on /v1, the body size
-limit, strict JSON parsing into the protocol models, and every error in OpenAI's shape."""
+"""build_app(async_omni, args): the FastAPI app. Routes (and the /v1/realtime WebSocket,
+realtime/), bearer-key auth on /v1, the body size limit, strict JSON parsing into the protocol
+models, and every error in OpenAI's shape."""
 
 from __future__ import annotations
 
