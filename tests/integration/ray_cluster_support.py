@@ -1,4 +1,5 @@
-"""A two-node `ray.cluster_utils.Cluster` on this machine, connected to and fully torn down."""
+"""A two-node `ray.cluster_utils.Cluster` on this machine, connected to and fully torn down, and
+leaving it for a while (tests/integration/conftest.py shares one cluster across the session)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,18 @@ def two_node_cluster(
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = old_tmpdir
+
+
+@contextlib.contextmanager
+def disconnected_from_ray() -> Iterator[None]:
+    """Ray not connected inside (a private instance may start and stop there); the connection
+    this process had before, if any, restored afterwards."""
+    address = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    ray.shutdown()  # a driver's shutdown: a cluster it was connected to keeps running
+    try:
+        yield
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if address is not None:
+            ray.init(address=address, logging_level="WARNING")

@@ -50,7 +50,7 @@ SETTLE_S = 20.0
 def engine(request, omni_dir):
     runtime = {"backend": request.param}
     if request.param == "ray":
-        runtime["num_cpus"] = 2
+        request.getfixturevalue("ray_cluster")  # the session's cluster, connected
     engine = AsyncOmni(model=omni_dir, runtime=runtime, **OMNI_ON_CPU)
     yield engine
     engine.shutdown()

@@ -98,7 +98,10 @@ async def _concurrent(engine: AsyncOmni, prompts: list) -> list[list]:
 
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
-def test_64_concurrent_callers_equal_sequential_runs(omni_dir, sequential, backend):
+def test_64_concurrent_callers_equal_sequential_runs(request, omni_dir, sequential, backend):
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")  # the session's cluster, connected
+
     async def main():
         async with AsyncOmni(model=omni_dir, runtime={"backend": backend}, **OMNI_ON_CPU) as engine:
             snapshots = await _concurrent(engine, _prompts())

@@ -2,8 +2,8 @@
 runs; a killed stage actor fails fast; shutdown leaves no process) and a 2-node cluster with each
 stage pinned to its own node by config (same results; a failing request fails alone).
 
-Ray is expensive here (2 cores): one private instance, then one cluster shared by the module.
-The first test must run before the cluster fixture connects this process to the cluster.
+Ray is expensive here (2 cores): the private instance runs disconnected from the session's shared
+cluster (tests/integration/conftest.py), which the 2-node tests use.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import time
 import pytest
 import ray
 import ray.cloudpickle
-from ray_cluster_support import two_node_cluster
 from two_stage_support import assert_same, direct_run, prompts, two_stage_config
 
 from omni.backends.ray_session import wait_for_processes_gone
@@ -50,6 +49,7 @@ def reference(qwen2_dir, llama_dir):
     return ids, want
 
 
+@pytest.mark.usefixtures("ray_disconnected")
 def test_private_instance_equal_results_kill_and_clean_shutdown(qwen2_dir, llama_dir, reference):
     assert not ray.is_initialized(), "another test left Ray connected"
     ids, want = reference
@@ -99,9 +99,8 @@ def test_private_instance_equal_results_kill_and_clean_shutdown(qwen2_dir, llama
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with two_node_cluster({"node_a": 1}, {"node_b": 1}) as cluster:
-        yield cluster
+def cluster(ray_cluster):
+    return ray_cluster  # nodes with `node_a` and `node_b` (tests/integration/conftest.py)
 
 
 @pytest.fixture(scope="module")

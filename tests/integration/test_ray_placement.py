@@ -3,7 +3,8 @@ fractions may share one, too many fail at once) and `runtime.placement` pack/spr
 cluster (one placement group, a bundle per stage; an unplaceable group is a ConfigError; shutdown
 removes the group; a replacement actor goes back into its stage's bundle).
 
-Ray is expensive here (2 cores): one private instance per class, torn down before the next.
+Ray is expensive here (2 cores): the fake GPUs are a private instance (disconnected from the
+session's shared cluster for the class); pack/spread use the shared 2-node cluster.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 import pytest
 import ray
 import ray.cloudpickle
-from ray_cluster_support import two_node_cluster
+from ray_cluster_support import disconnected_from_ray
 from two_stage_support import two_stage_config
 
 from omni.backends.ray_session import wait_for_processes_gone
@@ -66,7 +67,11 @@ def assert_removed(pg_id: str) -> None:
 
 @pytest.fixture(scope="class")
 def gpu_ray():
-    assert not ray.is_initialized(), "another test left Ray connected"
+    with disconnected_from_ray():
+        yield from _private_ray_with_fake_gpus()
+
+
+def _private_ray_with_fake_gpus():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     temp_dir = tempfile.mkdtemp(prefix="omni-rg-", dir="/tmp")
@@ -209,9 +214,8 @@ class Blocker:
 
 
 @pytest.fixture(scope="class")
-def cluster():
-    with two_node_cluster() as cluster:
-        yield cluster
+def cluster(ray_cluster):
+    return ray_cluster
 
 
 class TestPlacementGroups:

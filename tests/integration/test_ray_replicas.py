@@ -18,7 +18,6 @@ import pytest
 import ray
 import torch
 from helpers import OMNI_ON_CPU
-from ray_cluster_support import two_node_cluster
 
 from omni import Omni
 from omni.core.sampling_params import SamplingParams
@@ -51,11 +50,10 @@ def reference(omni_dir):
 
 
 @pytest.fixture(scope="module")
-def replicated(omni_dir, reference):
-    with two_node_cluster({"fake_gpu": 2}, {"fake_gpu": 2}) as cluster:
-        runtime = {"backend": "ray", "address": cluster.address}
-        with Omni(model=omni_dir, runtime=runtime, **REPLICATED) as omni:
-            yield omni
+def replicated(omni_dir, reference, ray_cluster):
+    runtime = {"backend": "ray", "address": ray_cluster.address}  # 2 fake_gpu on each node
+    with Omni(model=omni_dir, runtime=runtime, **REPLICATED) as omni:
+        yield omni
 
 
 def assert_same(output, expected, where: str) -> None:

@@ -23,10 +23,10 @@ PARAMS = [
 CHUNKS = {"stages.token2wav.stream.chunk_size": 20, **OMNI_ON_CPU}
 
 
-def test_streaming_on_ray_equals_the_whole_sequence_path(omni_dir):
+def test_streaming_on_ray_equals_the_whole_sequence_path(omni_dir, ray_cluster):
     with Omni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU) as omni:
         (exact,) = omni.generate([PROMPT], PARAMS, use_tqdm=False)
-    with Omni(model=omni_dir, runtime={"backend": "ray", "num_cpus": 2}, **CHUNKS) as omni:
+    with Omni(model=omni_dir, runtime={"backend": "ray"}, **CHUNKS) as omni:
 
         async def stream():
             return [o async for o in omni.async_omni.generate(PROMPT, PARAMS, stream_audio=True)]

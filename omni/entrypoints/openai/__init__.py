@@ -8,7 +8,8 @@ body), `prompts` (chat messages -> a prompt, under the server's media policy; th
 itself, shared with Omni.chat, is omni/entrypoints/chat_messages.py and media_parts.py), `sampling` (request fields -> per-stage
 SamplingParams), `chat`, `completions`, `speech` (the endpoints), `streaming` (SSE and
 disconnect handling), `audio_encoding` (wav/pcm16 bytes), `metrics` (Prometheus), `app`
-(routes, auth, body limit), `server` (uvicorn, signals, the ready line).
+(routes, auth, body limit), `server` (uvicorn, signals, the ready line), `realtime/` (the
+`/v1/realtime` WebSocket: OpenAI Realtime sessions, docs/serving.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""build_app(async_omni, args): the FastAPI app. Routes, bearer-key auth on /v1, the body size
-limit, strict JSON parsing into the protocol models, and every error in OpenAI's shape."""
+"""build_app(async_omni, args): the FastAPI app. Routes (and the /v1/realtime WebSocket,
+realtime/), bearer-key auth on /v1, the body size limit, strict JSON parsing into the protocol
+models, and every error in OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from omni.entrypoints.openai import chat, completions, speech
 from omni.entrypoints.openai.args import ServerArgs
 from omni.entrypoints.openai.context import Context
+from omni.entrypoints.openai.context import check_api_key as _auth
 from omni.entrypoints.openai.errors import (
     OpenAIError,
     bad_request,
@@ -25,6 +28,7 @@ from omni.entrypoints.openai.errors import (
 )
 from omni.entrypoints.openai.metrics import ENDPOINTS, ServerMetrics
 from omni.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, SpeechRequest
+from omni.entrypoints.openai.realtime import endpoint as realtime
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -91,6 +95,10 @@ def build_app(async_omni: Any, args: ServerArgs) -> FastAPI:
         _auth(request, args)
         return await speech.create(ctx, request, await _parse(request, SpeechRequest, args))
 
+    @app.websocket("/v1/realtime")
+    async def realtime_session(ws: WebSocket) -> None:
+        await realtime.serve(ws, ctx)
+
     app.add_middleware(_CountRequests, metrics=ctx.metrics)
     return app
 
@@ -102,19 +110,6 @@ def _model_card(ctx: Context) -> dict[str, Any]:
         "created": ctx.created,
         "owned_by": "omni",
     }
-
-
-def _auth(request: Request, args: ServerArgs) -> None:
-    if args.api_key is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or key.strip() != args.api_key:
-        raise OpenAIError(
-            401,
-            "Incorrect API key provided" if header else "Missing bearer key (Authorization header)",
-            code="invalid_api_key",
-        )
 
 
 async def _parse(request: Request, model: type[M], args: ServerArgs) -> M:

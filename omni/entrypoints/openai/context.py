@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.requests import HTTPConnection
+
 from omni.entrypoints.openai.args import ServerArgs
 from omni.entrypoints.openai.errors import OpenAIError, bad_request
 from omni.entrypoints.openai.metrics import ServerMetrics
@@ -68,3 +70,18 @@ class Context:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def check_api_key(connection: HTTPConnection, args: ServerArgs) -> None:
+    """With --api-key: a 401 unless the request (or WebSocket upgrade) has
+    `Authorization: Bearer <key>`."""
+    if args.api_key is None:
+        return
+    header = connection.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or key.strip() != args.api_key:
+        raise OpenAIError(
+            401,
+            "Incorrect API key provided" if header else "Missing bearer key (Authorization header)",
+            code="invalid_api_key",
+        )

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from omni.engine.prompt_processor import PromptProcessor
-from omni.entrypoints import chat_messages
+from omni.entrypoints import chat_messages, media_parts
 from omni.entrypoints.chat_messages import ChatMessage
 from omni.entrypoints.media_parts import MediaError, MediaPolicy
 from omni.entrypoints.openai.args import ServerArgs
@@ -39,5 +39,21 @@ def chat_prompt(
     policy = media_policy(args or ServerArgs(model_name=""))
     try:
         return chat_messages.chat_prompt(framing, messages, policy)
+    except MediaError as e:
+        raise bad_request(e.message, e.param, e.code) from None
+
+
+def load_image(url: str, param: str, args: ServerArgs) -> bytes:
+    """An image URL's bytes under the server's media policy (OpenAIError 400 naming `param`)."""
+    try:
+        return media_parts.load_image(url, param, media_policy(args))
+    except MediaError as e:
+        raise bad_request(e.message, e.param, e.code) from None
+
+
+def decode_base64(data: str, param: str) -> bytes:
+    """Base64 `data` decoded (OpenAIError 400 naming `param` when it is not base64)."""
+    try:
+        return media_parts.decode_base64(data, param)
     except MediaError as e:
         raise bad_request(e.message, e.param, e.code) from None

@@ -17,6 +17,7 @@ import uvicorn
 
 from omni.entrypoints.openai.app import build_app
 from omni.entrypoints.openai.args import ServerArgs
+from omni.entrypoints.openai.realtime.events import MAX_EVENT_BYTES
 
 
 class _Server(uvicorn.Server):
@@ -53,6 +54,9 @@ def run_server(async_omni: Any, args: ServerArgs) -> int:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=10,
+            # /v1/realtime: an event over MAX_EVENT_BYTES is an `error` event on an open
+            # connection; only a frame over this limit closes it (1009, message too big).
+            ws_max_size=4 * MAX_EVENT_BYTES,
         )
         server = _Server(config)
         return asyncio.run(_serve(server, args))
