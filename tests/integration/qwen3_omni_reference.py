@@ -27,10 +27,10 @@ class Qwen3Reference:
 def load_hf(model_dir: str):
     """The transformers model, its weights in freshly allocated memory.
 
-    from_pretrained keeps the safetensors file's tensors where the file puts them (measured: most not
-    64-byte aligned, by the header's length and the tensors before), and CPU sgemm sums a row in
-    another order when its operand is not 64-byte aligned and the inner dim is not a multiple of
-    the vector width (measured: a 24-wide q_proj, last bits differ). omni copies weights into its
+    from_pretrained keeps the safetensors file's tensors where the file puts them (measured: most
+    not 64-byte aligned, by the header's length and the tensors before), and CPU sgemm sums a row
+    in another order when its operand is not 64-byte aligned and the inner dim is not a multiple
+    of the vector width (measured: a 24-wide q_proj, last bits differ). omni copies weights into its
     own (aligned) parameters; re-allocating here gives transformers the same, so "equal" compares
     the arithmetic and not where a file put the bytes.
     """
