@@ -29,6 +29,7 @@ FAMILIES: tuple[str, ...] = (
     "stages.causal_lm_family",
     "stages.two_stage_family",
     "stages.qwen2_5_omni.family",
+    "stages.qwen3_omni_moe.family",
 )
 """The manifest modules of the families in this repository: a new family adds its line here."""
 

@@ -12,7 +12,9 @@ CLI::
 Families: ``qwen2`` and ``llama`` (``AutoModelForCausalLM`` + ``AutoTokenizer`` directories, see
 ``tools/tiny_lm.py``) and ``qwen2_5_omni`` (``Qwen2_5OmniForConditionalGeneration`` directory
 with tokenizer, processor configs and ``spk_dict.pt``; see ``tools/tiny_omni.py`` for how to
-preprocess images and audio without torchvision). Sizes: ``tiny`` (tests) and ``bench``.
+preprocess images and audio without torchvision) and ``qwen3_omni_moe``
+(``Qwen3OmniMoeForConditionalGeneration`` directory, tiny size only; see
+``tools/tiny_qwen3_omni.py`` for the config fields transformers reads but does not declare). Sizes: ``tiny`` (tests) and ``bench``.
 
 Cache: ``<repo>/.cache/checkpoints/<family>-<size>-seed<seed>/``; the env var ``OMNI_CACHE_DIR``
 replaces ``<repo>/.cache``. A directory is built into a temporary sibling and renamed into place,
@@ -31,7 +33,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 
-FAMILIES = ("qwen2", "llama", "qwen2_5_omni")
+FAMILIES = ("qwen2", "llama", "qwen2_5_omni", "qwen3_omni_moe")
 SIZES = ("tiny", "bench")
 # Bump when the generated content changes, so cached directories from older builders are rebuilt.
 BUILD_VERSION = "2"
@@ -44,6 +46,8 @@ def _check(family: str, size: str, seed: int) -> None:
         raise ValueError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; valid sizes: {', '.join(SIZES)}")
+    if family == "qwen3_omni_moe" and size != "tiny":
+        raise ValueError(f"family 'qwen3_omni_moe' has size 'tiny' only, got {size!r}")
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
 
@@ -78,6 +82,10 @@ def build_checkpoint(family: str, size: str, seed: int, out_dir: str | os.PathLi
             from tools import tiny_omni
 
             n = tiny_omni.build_omni(size, seed, out)
+        elif family == "qwen3_omni_moe":
+            from tools import tiny_qwen3_omni
+
+            n = tiny_qwen3_omni.build_omni(size, seed, out)
         else:
             from tools import tiny_lm
 

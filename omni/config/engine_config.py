@@ -64,6 +64,11 @@ class EngineConfig:
     fused_kernels: bool | None = None
     """Fused Triton kernels in the decoder layers (RMSNorm + residual add, q/k/v and gate/up as
     one GEMM each, rotary, SiLU*mul) on a GPU stage; null: on for CUDA stages."""
+    batch_whole_requests: bool | None = None
+    """A generation stage: decode up to max_num_seqs whole requests in one batched adapter call
+    (generate_batch, rows padded to the longest) instead of one per step; null means on for CUDA
+    stages. On the CPU a batched row equals its single decode only up to float rounding (PyTorch
+    picks convolution kernels by shape), so there the default keeps transformers' exact bits."""
     seed: int = 0
     """Seed of this stage's generator for requests that bring no seed of their own."""
     num_threads: int | None = None
@@ -105,6 +110,10 @@ class EngineConfig:
         """Whether to install the fused kernels, with the null default resolved (never on the
         CPU: there transformers' own modules run, float32-exact)."""
         return on_gpu and self.fused_kernels is not False
+
+    def resolved_batch_whole_requests(self, on_gpu: bool) -> bool:
+        """Whether a generation stage batches whole requests, with the null default resolved."""
+        return on_gpu if self.batch_whole_requests is None else self.batch_whole_requests
 
     @property
     def outputs_cached(self) -> bool:

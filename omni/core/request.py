@@ -65,6 +65,9 @@ class Request:
         self.sampling_params = sampling_params or SamplingParams()
         self.eos_token_id = eos_token_id
         self.output_token_ids: list[int] = []
+        # Multi-code steps: the residual codes sampled with each output token (same length as
+        # output_token_ids once any step returned codes; RunnerOutput.sampled_codes).
+        self.output_codes: list[tuple[int, ...]] = []
         self._all_token_ids = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit tokens at first scheduling; -1 = not yet

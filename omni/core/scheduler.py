@@ -173,7 +173,17 @@ class Scheduler:
             sampling_params=request.sampling_params if is_new else None,
             mm_inputs=request.mm_inputs if is_new else (),
             num_output_tokens=request.num_output_tokens,
+            fed_codes=self._fed_codes(request, start, num_new),
         )
+
+    @staticmethod
+    def _fed_codes(request: Request, start: int, num_new: int) -> tuple[tuple[int, ...], ...]:
+        """The residual codes of the generated tokens among positions [start, start + num_new)."""
+        if not request.output_codes:
+            return ()
+        first = max(start - request.num_prompt_tokens, 0)
+        last = max(start + num_new - request.num_prompt_tokens, 0)
+        return tuple(request.output_codes[first:last])
 
     def _note_pending(self, request: Request, num_new: int, pending_rows: set[int]) -> None:
         if self.hit_filter is None:
@@ -211,6 +221,9 @@ class Scheduler:
             if token_id is None:
                 continue
             request.append_output_token_ids(token_id)
+            codes = runner_output.sampled_codes.get(entry.request_id)
+            if codes is not None:
+                request.output_codes.append(codes)
             status = self._stop_status(request, token_id)
             if status is not None:
                 request.status = status

@@ -31,6 +31,9 @@ class ScheduledRequest:
     """Set when is_new: the request's multimodal ranges, for the stage adapter."""
     num_output_tokens: int = 0
     """Tokens generated so far (seeded sampling draws its n-th token from seed and n)."""
+    fed_codes: tuple[tuple[int, ...], ...] = ()
+    """Multi-code steps (RunnerOutput.sampled_codes): the residual codes sampled with each fed
+    generated token, aligned with the last len(fed_codes) entries of token_ids; () otherwise."""
 
 
 @dataclass(frozen=True)
@@ -50,3 +53,9 @@ class SchedulerOutput:
 class RunnerOutput:
     sampled_token_ids: dict[str, int]
     """request_id -> the token sampled this step, for requests whose chunk had `sample`."""
+    sampled_codes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Multi-code steps: request_id -> the residual codes sampled after its token in the same
+    step (a talker's codec frame beyond layer 0: the token is code 0, these codes 1..G-1). The
+    token stays the sequence's token (KV, stop checks, prefix keys); the codes travel with it:
+    Request.output_codes, ScheduledRequest.fed_codes when it is fed, the result's
+    tensors["codes"]. Empty for single-token stages."""

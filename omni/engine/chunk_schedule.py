@@ -4,10 +4,11 @@ A streaming request (`Stream`: input_complete=False, its codes arriving as the u
 generates them) is decoded in chunks: chunk k covers codes [b_k, b_{k+1}), b_0 = 0,
 b_1 = stream.first_chunk_size, later chunks stream.chunk_size long, and is ready once its codes
 and `look_ahead` more have come, or the input is complete (the last chunk takes what is left).
-A step takes each stream's next ready chunk and the oldest whole request (`Work` items), up to
-`engine.max_num_seqs` of them ranked by chunk index, then arrival, and at most
-`engine.max_num_batched_tokens` codes in all (a window counted with its context, a batch as
-its longest window times its size, since shorter ones are padded to it): a request's
+A step takes each stream's next ready chunk and the oldest whole request (`Work` items), or the
+oldest whole requests where the engine batches them (`max_whole`), up to `engine.max_num_seqs`
+of them ranked by chunk index, then arrival, and at most `engine.max_num_batched_tokens` codes in
+all (a window counted with its context, a batch as its longest window times its size, since
+shorter ones are padded to it; the chunks and the whole requests are two batches): a request's
 first audio goes ahead of other requests' later chunks, and a whole request counts as chunk 0.
 Each decode also sees `left_context` codes before its chunk and the `look_ahead` after.
 """
@@ -55,18 +56,19 @@ class Work:
 
 
 class ChunkSchedule:
-    def __init__(self, config: StageConfig, model: GenerationModel) -> None:
+    def __init__(self, config: StageConfig, model: GenerationModel, max_whole: int = 1) -> None:
         self.config = config
         self.model = model
+        self.max_whole = max_whole  # whole requests per step: 1, or more decoded as one batch
 
     def schedule(
         self, pending: Mapping[str, tuple[StageInput, float, int]], streams: Mapping[str, Stream]
     ) -> list[Work]:
         """The step's items: ready ones ranked (chunk index, arrival), at most max_num_seqs.
         pending: the whole requests, oldest first, as (input, arrival time, arrival order)."""
-        # At most one whole-sequence decode per step: they run one by one anyway, and each
-        # waveform then leaves as soon as it is done instead of waiting for the others.
-        whole = list(pending.items())[:1]
+        # Unbatched, one whole-sequence decode per step: they would run one by one anyway, and
+        # each waveform then leaves as soon as it is done instead of waiting for the others.
+        whole = list(pending.items())[: self.max_whole]
         work = [Work((0, order), request_id) for request_id, (_, _, order) in whole]
         # A stream's next chunk only, even when more are ready: its audio then arrives chunk by
         # chunk instead of in one piece after a longer step; the batch is across requests.
@@ -81,18 +83,18 @@ class ChunkSchedule:
         # padded to its longest window, and padding costs as much as codes: count it. The first
         # item is always taken, and no later one jumps the rank order to fit.
         taken: list[Work] = []
-        whole_codes = longest = num_chunks = 0
+        whole_longest = num_whole = longest = num_chunks = 0
         for item in ranked:
             size = self.window_size(item, pending, streams)
             if item.end == 0:
-                cost = whole_codes + size + num_chunks * longest
+                cost = (num_whole + 1) * max(whole_longest, size) + num_chunks * longest
             else:
-                cost = whole_codes + (num_chunks + 1) * max(longest, size)
+                cost = num_whole * whole_longest + (num_chunks + 1) * max(longest, size)
             if taken and cost > self.config.engine.max_num_batched_tokens:
                 break
             taken.append(item)
             if item.end == 0:
-                whole_codes += size
+                whole_longest, num_whole = max(whole_longest, size), num_whole + 1
             else:
                 longest, num_chunks = max(longest, size), num_chunks + 1
         return taken

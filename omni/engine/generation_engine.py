@@ -5,8 +5,9 @@ Such a stage has no KV cache, scheduler or sampler. A request added with its who
 A streaming request (input_complete=False: the upstream stage is still generating its codes,
 `extend_request` brings the rest) is decoded in chunks as its codes arrive; which chunks are
 ready and which work a step takes is omni/engine/chunk_schedule.py. `step()` runs up to
-`engine.max_num_seqs` work items: whole requests one by one, and all ready chunks in ONE
-`decode_chunks` call. A stage host drives it like an AR stage (the `Engine` contract in
+`engine.max_num_seqs` work items: one whole request, or several in ONE `generate_batch` call
+where `engine.batch_whole_requests` resolves true (CUDA stages by default), and all ready chunks
+in ONE `decode_chunks` call. A stage host drives it like an AR stage (the `Engine` contract in
 omni/engine/engine.py).
 
 The adapter runs on the stage's device (omni/engine/device.py), always in float32 (a vocoder's
@@ -30,7 +31,12 @@ from omni.engine.device import cuda_memory_stats, resolve_device
 from omni.engine.engine import run_until_done
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
 from omni.registry import get_adapter
-from omni.runtime.stage_model import ChunkedGenerationModel, ChunkJob, GenerationModel
+from omni.runtime.stage_model import (
+    BatchedGenerationModel,
+    ChunkedGenerationModel,
+    ChunkJob,
+    GenerationModel,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +46,25 @@ class GenerationEngine:
         self.config = config
         self.name = config.name
         device = resolve_device(config)  # checked even for an injected model
+        adapter = get_adapter(config.adapter) if model is None else model
+        can_batch = callable(getattr(adapter, "generate_batch", None))
+        if config.engine.batch_whole_requests and not can_batch:  # before loading weights
+            raise ValueError(
+                f"stage {self.name!r}: engine.batch_whole_requests is true but adapter "
+                f"{config.adapter!r} has no generate_batch"
+            )
         if model is None:
             model = get_adapter(config.adapter)(config.model, dtype=torch.float32, device=device)
         else:
             device = torch.device(getattr(model, "device", device))
         self.model: GenerationModel = model
         self.device = device
+        on_gpu = device.type == "cuda"
+        self.batch_whole = can_batch and config.engine.resolved_batch_whole_requests(on_gpu)
         self._pending: OrderedDict[str, tuple[StageInput, float, int]] = OrderedDict()
         self._streams: dict[str, Stream] = {}
-        self.chunk_schedule = ChunkSchedule(config, model)
+        max_whole = config.engine.max_num_seqs if self.batch_whole else 1
+        self.chunk_schedule = ChunkSchedule(config, model, max_whole)
         self._order = itertools.count()
         self.num_steps = 0
         self.num_finished = 0
@@ -72,13 +88,8 @@ class GenerationEngine:
         if stage_input.input_complete:
             self._pending[request_id] = (stage_input, arrival, order)
             return
-        seed = stage_input.sampling_params.seed
         self._streams[request_id] = Stream(
-            stage_input,
-            arrival,
-            order,
-            self.config.engine.seed if seed is None else seed,
-            list(stage_input.prompt_token_ids),
+            stage_input, arrival, order, self._seed(stage_input), list(stage_input.prompt_token_ids)
         )
 
     def extend_request(self, delta: InputDelta) -> None:
@@ -150,9 +161,8 @@ class GenerationEngine:
         self.num_steps += 1
         start = time.perf_counter()
         failed: dict[str, Exception] = {}
-        results = [
-            self._generate(self._pending.pop(w.request_id), failed) for w in work if w.end == 0
-        ]
+        whole = [self._pending.pop(w.request_id) for w in work if w.end == 0]
+        results = self._generate(whole, failed) if whole else []
         chunks = [w for w in work if w.end > 0]
         updates = self._decode(chunks, failed) if chunks else []
         for request_id in [i for i, s in self._streams.items() if s.done]:
@@ -163,20 +173,40 @@ class GenerationEngine:
         return EngineOutput(updates=updates, finished=finished, failed=failed)
 
     def _generate(
-        self, item: tuple[StageInput, float, int], failed: dict[str, Exception]
-    ) -> StageResult | None:
-        stage_input, arrival, _ = item
+        self, items: list[tuple[StageInput, float, int]], failed: dict[str, Exception]
+    ) -> list[StageResult | None]:
+        """Whole requests: several in one generate_batch call (if it raises, each alone, so that
+        only the requests that break it fail), or one by generate."""
+        inputs = [item[0] for item in items]
+        seeds = [self._seed(stage_input) for stage_input in inputs]
+        audios: list[torch.Tensor | None] = []
+        if len(items) > 1:
+            assert isinstance(self.model, BatchedGenerationModel)  # only then are there several
+            try:
+                audios = list(self.model.generate_batch(inputs, seeds))
+            except Exception:
+                audios = []
+        if not audios:
+            for stage_input, seed in zip(inputs, seeds, strict=True):
+                try:
+                    audios.append(self.model.generate(stage_input, seed))
+                except Exception as e:  # one broken request fails alone; its host reports it
+                    failed[stage_input.request_id] = e
+                    audios.append(None)
+        results: list[StageResult | None] = []
+        for (stage_input, arrival, _), audio in zip(items, audios, strict=True):
+            if audio is None:
+                results.append(None)
+                continue
+            audio, rate = audio.cpu(), self.model.sample_rate
+            self.audio_s += audio.numel() / rate
+            result = self._result(stage_input, "stopped", arrival)
+            results.append(dataclasses.replace(result, audio=audio, sample_rate=rate))
+        return results
+
+    def _seed(self, stage_input: StageInput) -> int:
         seed = stage_input.sampling_params.seed
-        try:
-            audio = self.model.generate(
-                stage_input, self.config.engine.seed if seed is None else seed
-            ).cpu()
-        except Exception as e:  # one broken request fails alone; its host reports it
-            failed[stage_input.request_id] = e
-            return None
-        self.audio_s += audio.numel() / self.model.sample_rate
-        result = self._result(stage_input, "stopped", arrival)
-        return dataclasses.replace(result, audio=audio, sample_rate=self.model.sample_rate)
+        return self.config.engine.seed if seed is None else seed
 
     def _decode(self, chunks: list[Work], failed: dict[str, Exception]) -> list[StageUpdate]:
         """All ready chunks in one decode_chunks call; if it raises, each chunk alone, so that

@@ -250,7 +250,16 @@ class StageEngine:
         ]
         results = []
         for request in finished:
-            results.append(self._result(request, tensors=self.rows.finish(request)))
+            tensors = self.rows.finish(request)
+            if request.output_codes:  # a multi-code stage: each token with its residual codes
+                tensors["codes"] = torch.tensor(
+                    [
+                        (t, *c)
+                        for t, c in zip(request.output_token_ids, request.output_codes, strict=True)
+                    ],
+                    dtype=torch.int64,
+                )
+            results.append(self._result(request, tensors=tensors))
             self.scheduler.release(request)
         self.runner.release([request.request_id for request in finished])
         return EngineOutput(updates, results)

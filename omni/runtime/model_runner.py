@@ -205,8 +205,17 @@ class ModelRunner:
         entries = {e.request_id: e for e in scheduled}
         params = [self._requests[request_id].sampling_params for request_id in sample_ids]
         counts = [entries[request_id].num_output_tokens for request_id in sample_ids]
-        token_ids = self.sampler(logits, params, counts)
-        return RunnerOutput(sampled_token_ids=dict(zip(sample_ids, token_ids, strict=True)))
+        ids = self.sampler.sample(logits, params, counts)
+        codes = self.model.sample_codes(hidden, ids, sample_ids, params, counts)
+        if codes is None:
+            token_ids = ids.tolist()  # the step's one device-to-host copy
+            return RunnerOutput(sampled_token_ids=dict(zip(sample_ids, token_ids, strict=True)))
+        # A multi-code step: the token and its residual codes come back in one copy.
+        frames = torch.cat([ids.unsqueeze(1), codes], dim=1).tolist()
+        return RunnerOutput(
+            sampled_token_ids={r: f[0] for r, f in zip(sample_ids, frames, strict=True)},
+            sampled_codes={r: tuple(f[1:]) for r, f in zip(sample_ids, frames, strict=True)},
+        )
 
     def _run_padded(
         self, scheduled: list[ScheduledRequest], tables: list[list[int]]

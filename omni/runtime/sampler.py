@@ -52,6 +52,16 @@ class Sampler:
     ) -> list[int]:
         """logits [num_rows, vocab] on any device, any float dtype; one SamplingParams and output
         count per row. Returns the chosen ids (one device-to-host copy)."""
+        return self.sample(logits, params, num_output_tokens).tolist()
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        num_output_tokens: list[int],
+    ) -> torch.Tensor:
+        """As __call__, but the chosen ids stay on the logits' device ([num_rows] int64): a
+        multi-code step samples more codes from them before the step's one host copy."""
         token_ids = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
@@ -71,7 +81,7 @@ class Sampler:
                 noise[j].exponential_(generator=generator)
             # argmax(p / E) with E ~ Exp(1) draws from p (the exponential race).
             token_ids.index_copy_(0, rows, (probs / noise).argmax(dim=-1))
-        return token_ids.tolist()
+        return token_ids
 
     @staticmethod
     def _vectors(

@@ -9,13 +9,14 @@ its family's manifest (omni/family.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
+from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler_output import ScheduledRequest
 from omni.messages import InputDelta, StageInput
 from omni.runtime.attention import AttentionMetadata
@@ -104,6 +105,22 @@ class StageModelBase:
         """Called on add_request: raise ValueError (failing this request alone) for an input the
         model cannot run. Default: accept everything."""
 
+    def sample_codes(
+        self,
+        hidden_states: torch.Tensor,
+        token_ids: torch.Tensor,
+        request_ids: list[str],
+        params: list[SamplingParams],
+        num_output_tokens: list[int],
+    ) -> torch.Tensor | None:
+        """Multi-code steps (one step emits several codes per request, e.g. a talker's codec
+        frame): after the sampler chose each sampled row's token (token_ids [R], on the device)
+        from compute_logits(hidden_states [R, H]), the residual codes of those rows, [R, C] int64
+        on the device, sampled batched over all R rows with each row's params; they return to
+        the engine with the token (RunnerOutput.sampled_codes) and come back with it when it is
+        fed (ScheduledRequest.fed_codes). None (the default): one token per step."""
+        return None
+
     def release(self, request_ids: list[str]) -> None:
         """Called once these requests finished or were aborted: drop their per-request state
         (e.g. mrope positions). Default: nothing to drop."""
@@ -150,6 +167,15 @@ class StageModel(Protocol):
 
     def check_inputs(self, stage_input: StageInput) -> None: ...
 
+    def sample_codes(
+        self,
+        hidden_states: torch.Tensor,
+        token_ids: torch.Tensor,
+        request_ids: list[str],
+        params: list[SamplingParams],
+        num_output_tokens: list[int],
+    ) -> torch.Tensor | None: ...
+
     def release(self, request_ids: list[str]) -> None: ...
 
     def input_limit(self, request_id: str) -> int | None: ...
@@ -194,6 +220,19 @@ class GenerationModel(Protocol):
         ...
 
     def check_inputs(self, stage_input: StageInput) -> None: ...
+
+
+@runtime_checkable
+class BatchedGenerationModel(GenerationModel, Protocol):
+    """A generation adapter that decodes several whole requests in one call (its engine does so
+    where engine.batch_whole_requests resolves true)."""
+
+    def generate_batch(
+        self, stage_inputs: Sequence[StageInput], seeds: Sequence[int]
+    ) -> list[torch.Tensor]:
+        """Each request's waveform, as `generate` gives it alone (up to float rounding where the
+        batch changes the kernels' summation order), in the order of `stage_inputs`."""
+        ...
 
 
 @dataclass(frozen=True)

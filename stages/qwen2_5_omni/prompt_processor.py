@@ -50,6 +50,13 @@ def audio_token_count(num_frames: int) -> int:
 class OmniPromptProcessor(PromptProcessor):
     """Tokenizer + Qwen2-VL image processor + Whisper feature extractor of a checkpoint."""
 
+    audio_padding = "max_length"
+    """The feature extractor's padding, as the family's HF processor pads one audio."""
+
+    def audio_tokens(self, num_frames: int) -> int:
+        """Embeddings the audio tower emits for num_frames mel frames."""
+        return audio_token_count(num_frames)
+
     def __init__(
         self, model_dir: str, *, max_pixels: int = 4096 * 4096, max_audio_seconds: float = 30.0
     ) -> None:
@@ -181,12 +188,12 @@ class OmniPromptProcessor(PromptProcessor):
             out = self.feature_extractor(
                 [waveform],
                 sampling_rate=media.SAMPLE_RATE,
-                padding="max_length",  # as the HF processor: the log-mel clamp sees the padding
+                padding=self.audio_padding,  # as the HF processor: the log-mel clamp sees it
                 return_attention_mask=True,
                 return_tensors="np",
             )
             num_frames = int(out["attention_mask"][0].sum())
-            if audio_token_count(num_frames) < 1:
+            if self.audio_tokens(num_frames) < 1:
                 raise ValueError(
                     f"{where}: audio[{i}]: audio of {waveform.size} samples is too short"
                 )
@@ -195,7 +202,7 @@ class OmniPromptProcessor(PromptProcessor):
             extras.setdefault("input_features", []).append(features)
             extras.setdefault("feature_attention_mask", []).append(np.ones(num_frames, np.int64))
             extras.setdefault("audio_feature_lengths", []).append(num_frames)
-            counts["audio"].append(audio_token_count(num_frames))
+            counts["audio"].append(self.audio_tokens(num_frames))
         # Per-prompt arrays in transformers' shapes, as the talker's rope index takes them too.
         if "image_grid_thw" in extras:
             extras["image_grid_thw"] = np.stack(extras["image_grid_thw"])

@@ -50,6 +50,9 @@ def test_builtin_specs():
             "qwen2_5_omni_talker",
             "qwen2_5_omni_thinker",
             "qwen2_5_omni_token2wav",
+            "qwen3_omni_moe_code2wav",
+            "qwen3_omni_moe_talker",
+            "qwen3_omni_moe_thinker",
         ]
     )
     assert [(s.kind, s.produces_text, s.emits) for s in map(spec, registry.known_adapters())] == [
@@ -58,6 +61,9 @@ def test_builtin_specs():
         ("ar", False, ("hidden_states",)),  # talker: codec codes
         ("ar", True, ("hidden_states", "inputs_embeds")),  # thinker
         ("generation", False, ()),  # token2wav: audio
+        ("generation", False, ()),  # qwen3 code2wav: audio
+        ("ar", False, ()),  # qwen3 talker: codec frames (tensors["codes"], not cached rows)
+        ("ar", True, ("inputs_embeds", "accept_hidden_states")),  # qwen3 thinker
     ]
     assert spec("causal_lm").requires_causal_lm and spec("embeds_lm").requires_causal_lm
     assert spec("causal_lm").model_types == ()  # any model_type

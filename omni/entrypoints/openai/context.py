@@ -55,14 +55,17 @@ class Context:
         return int(rate)
 
     def voice(self, voice: str | VoiceId | None, param: str) -> str | None:
-        """The speaker for a prompt: None for the model's default voice."""
+        """The speaker for a prompt: None for the model's default voice; else the model's name
+        of the voice, matched case-insensitively ("ethan" and "Ethan" are one voice, as in the
+        Python API)."""
         voices = list(self.async_omni.voices)
         name = voice.id if isinstance(voice, VoiceId) else voice
         if name is None or (not voices and name):
             return None  # one-voice models: any name is that voice
-        if name not in voices:
+        match = [v for v in voices if v.lower() == name.lower()]
+        if not match:
             raise bad_request(f"{param}: unknown voice {name!r}; voices: {voices}", param)
-        return name
+        return match[0]
 
 
 def new_id(prefix: str) -> str:

@@ -1,0 +1,244 @@
+"""Adapter `qwen3_omni_moe_talker`: the Qwen3-Omni talker, one codec frame per engine step.
+
+The talker's MoE decoder runs on omni's paged attention; its inputs are built per request from
+the thinker's rows (talker_inputs.py), so prefix hits, chunked prefill, decode and recompute after
+preemption feed exactly what transformers' generate feeds.
+
+One step emits one whole frame per sampled request (the multi-code step contract,
+StageModelBase.sample_codes): compute_logits gives the layer-0 code's logits from `codec_head`
+(with generate's logits processing: the repetition penalty over the request's generated layer-0
+codes, on the device, and the suppression of [vocab - 1024, vocab) except codec EOS); after the
+sampler picks code 0, sample_codes runs the code predictor for the other num_code_groups - 1
+codes, batched over every sampled row of the step: [talker hidden, embedding of code 0] then one
+position per residual code, each with its own lm_head, as transformers' code-predictor generate
+does for one request. Greedy rows take the argmax; sampled rows draw with transformers' predictor
+settings (top_k 50, top_p 0.8, temperature 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from typing import TYPE_CHECKING
+
+import torch
+from transformers.cache_utils import DynamicCache
+from transformers.utils import logging as hf_logging
+
+from omni.core.sampling_params import SamplingParams
+from omni.messages import StageInput
+from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
+from omni.runtime.sampler import Sampler
+from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, StageModelBase
+from stages.qwen2_5_omni.part_loader import load_rows
+from stages.qwen2_5_omni.talker_penalty import SeenCodes
+from stages.qwen3_omni_moe.talker_inputs import TalkerRequestState, build_state, check_extras
+from stages.qwen3_omni_moe.weights import load_part
+
+
+def speaker_key(name: str) -> int:
+    """The talker prompt id standing for a speaker (prompt ids only key the prefix cache)."""
+    return zlib.crc32(f"qwen3_omni_moe speaker {name}".encode())
+
+
+class Qwen3OmniTalkerAdapter(StageModelBase):
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+            Qwen3OmniMoeAudioEncoderConfig,
+            Qwen3OmniMoeTalkerConfig,
+        )
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+            Qwen3OmniMoeTalkerForConditionalGeneration,
+        )
+
+        register_paged_attention()
+        hf_logging.disable_progress_bar()
+        self.device = torch.device(device)
+        with open(os.path.join(model_dir, "config.json")) as f:
+            raw = json.load(f)
+        config = Qwen3OmniMoeTalkerConfig(**raw["talker_config"])
+        # transformers' talker positions an audio item by `self.config.audio_config.n_window`,
+        # which a talker config lacks: generate crashes (AttributeError) on a prompt with images
+        # and audio. The thinker's audio config (the tower that made those tokens) supplied here
+        # is that crash fixed and nothing else (docs/qwen3_omni.md, "Images and audio").
+        if not hasattr(config, "audio_config"):
+            config.audio_config = Qwen3OmniMoeAudioEncoderConfig(
+                **raw["thinker_config"]["audio_config"]
+            )
+        config.text_config._attn_implementation = ATTENTION_NAME
+        # The code predictor runs whole frames with its own small cache, on sdpa as in generate.
+        config.code_predictor_config._attn_implementation = "sdpa"
+        talker = Qwen3OmniMoeTalkerForConditionalGeneration(config)
+        self.talker = talker.to(device=self.device, dtype=dtype).eval()
+        load_part(self.talker, model_dir, "talker.")  # per-expert tensors fused
+        text = config.text_config
+        self.config = config
+        self.dtype = dtype
+        self.num_layers = text.num_hidden_layers
+        self.num_kv_heads = text.num_key_value_heads
+        self.head_dim = (
+            getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        )
+        self.hidden_size = text.hidden_size
+        self.vocab_size = 2**32  # prompt ids are thinker ids and keys, hashed only
+        self.eos_token_id = config.codec_eos_token_id
+        self.num_code_groups = config.num_code_groups
+        self.speakers = {str(k).lower(): int(v) for k, v in (config.speaker_id or {}).items()}
+        if not self.speakers:
+            raise ValueError(f"{model_dir!r}: talker_config.speaker_id names no speaker")
+        names = {k: raw[f"{k}_token_id"] for k in ("tts_bos", "tts_eos", "tts_pad")}
+        rows = load_rows(model_dir, "thinker.model.embed_tokens.weight",
+                         list(names.values()))  # fmt: skip
+        self.tts_rows = {k: rows[i] for k, i in names.items()}
+        # generate's suppress_tokens: [vocab - 1024, vocab) but codec EOS.
+        suppress = torch.zeros(text.vocab_size, dtype=torch.bool)
+        suppress[max(text.vocab_size - 1024, 0) :] = True
+        suppress[self.eos_token_id] = False
+        self._suppress = suppress.to(self.device)
+        self._seen = SeenCodes(text.vocab_size, self.device)
+        self._sampler = Sampler(0, device=self.device)
+        self._states: dict[str, TalkerRequestState] = {}
+        self._sample_ids: list[str] = []
+
+    # ---- engine hooks ---------------------------------------------------------------------------
+    def check_inputs(self, stage_input: StageInput) -> None:
+        extras = stage_input.extras
+        check_extras(extras)
+        speaker = str(extras.get("speaker", "")).lower()
+        if not extras.get("silent") and speaker not in self.speakers:
+            raise ValueError(f"unknown speaker {speaker!r}; available: {sorted(self.speakers)}")
+        state = build_state({**extras, "speaker": speaker}, self.talker, self.tts_rows,
+                            self.speakers)  # fmt: skip
+        if state.prompt_len != len(stage_input.prompt_token_ids):
+            raise ValueError(
+                f"talker prompt of {len(stage_input.prompt_token_ids)} ids for "
+                f"{state.prompt_len} input positions"
+            )
+        self.release([stage_input.request_id])
+        self._states[stage_input.request_id] = state
+
+    def release(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self._states.pop(request_id, None)
+            self._seen.release(request_id)
+
+    # ---- model ----------------------------------------------------------------------------------
+    def forward(self, inputs: ModelInputs) -> ModelOutputs:
+        embeds, positions, marks = [], [], []
+        for entry in inputs.scheduled:
+            state = self._states.get(entry.request_id)
+            first, num = entry.num_computed_tokens, len(entry.token_ids)
+            if state is None:  # warm-up or profiling: codec embeddings at plain positions
+                ids = torch.tensor(entry.token_ids, device=self.device)
+                embeds.append(self.talker.get_input_embeddings()(ids))
+                positions.append(torch.arange(first, first + num).expand(3, -1))
+                continue
+            num_prompt = min(max(state.prompt_len - first, 0), num)
+            if num_prompt:
+                embeds.append(state.prompt_embeds[first : first + num_prompt])
+            if num > num_prompt:
+                ids = entry.token_ids[num_prompt:]
+                embeds.append(self._frame_inputs(state, ids, entry.fed_codes, first + num_prompt))
+                slot = self._seen.slot(entry.request_id)
+                marks += [(slot, code) for code in ids]
+            t = torch.arange(first, first + num)
+            table = state.positions
+            rows = t.expand(3, -1) + state.delta
+            if table is not None and num_prompt:
+                rows = rows.clone()
+                rows[:, :num_prompt] = table[:, first : first + num_prompt]
+            positions.append(rows)
+        if marks:
+            slots, codes = torch.tensor(marks, device=self.device).unbind(1)
+            self._seen.mark(slots, codes)
+        self._sample_ids = [e.request_id for e in inputs.scheduled if e.sample]
+        out = self.talker.model(
+            inputs_embeds=torch.cat(embeds).unsqueeze(0),
+            position_ids=torch.cat(positions, dim=1).to(self.device).unsqueeze(1),  # [3, 1, T]
+            use_cache=False,
+            omni_attn=inputs.attn,
+        )
+        return ModelOutputs(hidden_states=out.last_hidden_state[0])
+
+    def _frame_inputs(
+        self,
+        state: TalkerRequestState,
+        ids: list[int],
+        fed_codes: tuple[tuple[int, ...], ...],
+        start: int,
+    ) -> torch.Tensor:
+        """Inputs of decode positions start.. feeding frames (ids[k], fed_codes[k])."""
+        if len(fed_codes) != len(ids):
+            raise RuntimeError(f"{len(ids)} fed codes but {len(fed_codes)} residual code rows")
+        codes = torch.tensor(
+            [[i, *c] for i, c in zip(ids, fed_codes, strict=True)], device=self.device
+        )
+        predictor = self.talker.code_predictor.get_input_embeddings()
+        parts = [self.talker.get_input_embeddings()(codes[:, 0])]
+        parts += [predictor[g - 1](codes[:, g]) for g in range(1, self.num_code_groups)]
+        summed = torch.stack(parts, dim=1).sum(1)
+        first = start - state.prompt_len  # the frame fed at position `start`
+        num_text = state.trailing.shape[0]
+        rows = [state.trailing[j] if j < num_text else state.pad
+                for j in range(first, first + len(ids))]  # fmt: skip
+        return summed + torch.stack(rows)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits = self.talker.codec_head(hidden_states).float()
+        if len(self._sample_ids) != logits.shape[0]:
+            return logits  # not the rows of the last forward (profiling)
+        states = [self._states[r] for r in self._sample_ids]
+        penalties = sorted({s.repetition_penalty for s in states if s.repetition_penalty != 1.0})
+        if penalties:
+            slots = [self._seen.slot(r) if s.repetition_penalty != 1.0 else 0
+                     for r, s in zip(self._sample_ids, states, strict=True)]  # fmt: skip
+            groups = [penalties.index(s.repetition_penalty) if s.repetition_penalty != 1.0 else 0
+                      for s in states]  # fmt: skip
+            index = torch.tensor([slots, groups], device=logits.device)
+            logits = self._seen.penalize(logits, index[0], index[1], penalties)
+        logits = logits.masked_fill(self._suppress, float("-inf"))
+        silent = [i for i, s in enumerate(states) if s.silent]
+        if silent:  # nothing to speak: the first code is codec EOS
+            logits[silent] = float("-inf")
+            logits[silent, self.eos_token_id] = 0.0
+        return logits
+
+    @torch.no_grad()
+    def sample_codes(
+        self,
+        hidden_states: torch.Tensor,
+        token_ids: torch.Tensor,
+        request_ids: list[str],
+        params: list[SamplingParams],
+        num_output_tokens: list[int],
+    ) -> torch.Tensor:
+        """The code predictor's num_code_groups - 1 residual codes of every sampled row, batched:
+        [R, 2] inputs (talker hidden, code-0 embedding), then one position per code."""
+        predictor = self.talker.code_predictor
+        embeds = torch.stack([hidden_states, self.talker.get_input_embeddings()(token_ids)], dim=1)
+        cache = DynamicCache(config=predictor.config)
+        # transformers samples the residual codes with top_k 50, top_p 0.8, temperature 1.
+        settings = [
+            p if p.greedy else SamplingParams(temperature=1.0, top_k=50, top_p=0.8, seed=p.seed)
+            for p in params
+        ]
+        codes: list[torch.Tensor] = []
+        for group in range(self.num_code_groups - 1):
+            if group:
+                embeds = predictor.model.get_input_embeddings()[group - 1](codes[-1]).unsqueeze(1)
+            out = predictor.model(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
+            logits = predictor.lm_head[group](out.last_hidden_state)[:, -1].float()
+            counts = [n * self.num_code_groups + group + 1 for n in num_output_tokens]
+            codes.append(self._sampler.sample(logits, settings, counts))
+        return torch.stack(codes, dim=1)
+
+
+if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by
+    _CONTRACT: type[StageModel] = Qwen3OmniTalkerAdapter
