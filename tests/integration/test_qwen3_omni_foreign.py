@@ -115,6 +115,12 @@ def build(out):
     tok = AutoTokenizer.from_pretrained(str(out))
     torch.manual_seed(SEED)
     model = Qwen3OmniMoeForConditionalGeneration(_config(tok)).eval()
+    # transformers 5.23 leaves the talker's fused expert weights as torch.empty (whatever the
+    # allocator hands back: NaN after other tests ran): give them values.
+    with torch.no_grad():
+        for name, param in model.talker.named_parameters():
+            if ".mlp.experts." in name:
+                param.normal_(0.0, model.config.talker_config.initializer_range)
     # transformers' init leaves code2wav near-silent: scale its last conv so audio is audible.
     last = model.code2wav.decoder[-1].conv
     with torch.no_grad():

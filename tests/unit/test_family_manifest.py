@@ -11,7 +11,12 @@ from omni.family import AdapterSpec, EdgeSpec, EdgeStreaming, ModelFamily, read_
 
 
 def test_builtin_families_declare_what_omni_knows():
-    assert list(registry.MODEL_FAMILIES) == ["causal_lm", "two_stage", "qwen2_5_omni"]
+    assert list(registry.MODEL_FAMILIES) == [
+        "causal_lm",
+        "two_stage",
+        "qwen2_5_omni",
+        "qwen3_omni_moe",
+    ]
     qwen = registry.MODEL_FAMILIES["qwen2_5_omni"]
     assert [a.name for a in qwen.adapters] == [
         "qwen2_5_omni_thinker",
@@ -28,6 +33,13 @@ def test_builtin_families_declare_what_omni_knows():
     assert registry.family_for_model_type("qwen2_5_omni") is qwen
     assert registry.family_for_model_type("llama") is None  # the causal-LM fallback claims none
     assert read_manifest("stages.qwen2_5_omni.family") == qwen  # read again: an equal manifest
+    qwen3 = registry.MODEL_FAMILIES["qwen3_omni_moe"]
+    assert registry.family_for_model_type("qwen3_omni_moe") is qwen3
+    assert [a.name for a in qwen3.adapters] == [
+        "qwen3_omni_moe_thinker",
+        "qwen3_omni_moe_talker",
+        "qwen3_omni_moe_code2wav",
+    ]
 
 
 def test_manifests_check_themselves():
