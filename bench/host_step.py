@@ -11,8 +11,8 @@ returns zero hidden states at once, so what is left is host work:
 - prepare: `runner.execute` up to the body (block tables, slots, positions, the adapter's
   decode_prepare, the static buffers' fill and upload; or pack_batch when eager). As on a GPU,
   no attention plan is built: `attention.uses_triton` answers true in this bench
-- sample: `runner.execute` after the body (logits of the tiny lm_head, the sampler, its ids back
-  as Python ints, the output-cache write when kept)
+- sample: `runner.execute` after the body (the sampler's host work on stand-in logits, its ids
+  back as Python ints, the output-cache write when kept)
 - update: `engine.update()` (the scheduler's bookkeeping, stop checks, StageUpdate messages)
 
 Prompts have different lengths (so requests cross block boundaries on different steps, as in
@@ -54,12 +54,21 @@ BLOCK_SIZE = 16
 
 
 class StandIn:
-    """The model body in this bench: zero hidden states, and when it was entered and left."""
+    """The model body in this bench: zero hidden states, and when it was entered and left; and
+    its logits: a narrow zero row per sampled token (token 0 wins), so that no device work of a
+    GPU step (lm_head, argmax over the vocabulary) is counted as host time."""
 
     def __init__(self, hidden_size: int) -> None:
         self.hidden_size = hidden_size
         self.zeros = torch.zeros(1, hidden_size)
+        self.logits = torch.zeros(1, 8)
         self.entered = self.left = 0.0
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        num_rows = hidden_states.shape[0]
+        if self.logits.shape[0] < num_rows:
+            self.logits = torch.zeros(num_rows, 8)
+        return self.logits[:num_rows]
 
     def __call__(self, input_ids, positions, attn, embeds=None) -> ModelOutputs:
         self.entered = time.perf_counter()
@@ -90,6 +99,7 @@ def make_engine(args: argparse.Namespace, batch: int) -> tuple[StageEngine, Stan
     engine = StageEngine(load_config({"stages": [stage]}).stages[0])
     stand_in = StandIn(engine.model.hidden_size)
     engine.model.decode_forward = stand_in  # type: ignore[method-assign]
+    engine.model.compute_logits = stand_in.compute_logits  # type: ignore[method-assign]
     return engine, stand_in
 
 
