@@ -19,7 +19,7 @@ Prompts have different lengths (so requests cross block boundaries on different 
 serving). Each B runs --rounds rounds of --steps decode steps; a part's figure is its mean per
 step in the fastest round (this machine's noise is one-sided).
 
-    python bench/host_step.py [--batch 1,16,64,256] [--steps 64] [--rounds 3] [--eager]
+    python bench/host_step.py [--batch 1,16,64,256] [--steps 64] [--rounds 5] [--eager]
         [--outputs] [--no-caching] [--profile 64]
 """
 
@@ -150,7 +150,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", default="1,16,64,256", help="comma-separated B values")
     parser.add_argument("--steps", type=int, default=64, help="timed decode steps per round")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per B (fastest is kept)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per B (fastest is kept)")
     parser.add_argument("--warm-steps", type=int, default=8)
     parser.add_argument("--eager", action="store_true", help="engine.cuda_graphs false")
     parser.add_argument("--outputs", action="store_true", help="keep hidden_states (a thinker)")

@@ -194,38 +194,48 @@ class Scheduler:
 
     # ---- results ------------------------------------------------------------------------------
     def update_from_output(
-        self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
+        self,
+        scheduler_output: SchedulerOutput,
+        runner_output: RunnerOutput,
+        appended: list[Request] | None = None,
     ) -> list[Request]:
         """Advance computed tokens, append sampled tokens, and return the requests that finished.
 
         Finished requests still hold their blocks (so their cached rows can be gathered); the
-        caller hands each to `release`.
+        caller hands each to `release`. appended: when given, receives every request that got
+        a token (one each), in scheduling order.
         """
         finished: list[Request] = []
+        requests, sampled = self.requests, runner_output.sampled_token_ids
+        running = RequestStatus.RUNNING
         for entry in scheduler_output.scheduled:
-            request = self.requests.get(entry.request_id)
-            if request is None or request.status != RequestStatus.RUNNING:
+            request = requests.get(entry.request_id)
+            if request is None or request.status is not running:
                 continue
             request.num_computed_tokens += len(entry.token_ids)
-            token_id = runner_output.sampled_token_ids.get(entry.request_id)
+            token_id = sampled.get(entry.request_id)
             if token_id is None:
                 continue
             request.append_output_token_ids(token_id)
+            if appended is not None:
+                appended.append(request)
             status = self._stop_status(request, token_id)
             if status is not None:
                 request.status = status
-                self.running.remove(request)
                 finished.append(request)
+        if finished:  # one pass over the running list, not one remove per finished request
+            done = {id(request) for request in finished}
+            self.running[:] = [r for r in self.running if id(r) not in done]
         return finished
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params
-        if not params.ignore_eos and token_id == request.eos_token_id:
+        if token_id == request.eos_token_id and not params.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
-        if token_id in params.stop_token_ids:
+        if params.stop_token_ids and token_id in params.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens:
+        if len(request.output_token_ids) >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH
-        if request.num_tokens >= self.config.max_model_len:
+        if len(request.all_token_ids) >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
