@@ -38,6 +38,7 @@ import torch
 from omni.core.scheduler_output import ScheduledRequest
 from omni.runtime import attention
 from omni.runtime.attention import AttentionMetadata
+from omni.runtime.block_tables import BlockTables
 from omni.runtime.stage_model import ModelOutputs, StageModel
 
 logger = logging.getLogger(__name__)
@@ -147,10 +148,15 @@ class DecodeGraphs:
 
     # ---- one step -------------------------------------------------------------------------------
     def run(
-        self, scheduled: list[ScheduledRequest], block_tables: list[list[int]], shape: Shape
+        self,
+        scheduled: list[ScheduledRequest],
+        block_tables: BlockTables,
+        rows: np.ndarray,
+        shape: Shape,
     ) -> GraphStep | None:
-        """Run the padded step at shape_for(scheduled); None when the adapter wants it eager
-        (its decode_prepare said so)."""
+        """Run the padded step at shape_for(scheduled) (rows: the scheduled requests' rows in
+        block_tables, in order); None when the adapter wants it eager (its decode_prepare said
+        so)."""
         decode = shape[0] == shape[1]
         if decode:
             positions = np.fromiter((e.num_computed_tokens for e in scheduled), np.int64)
@@ -163,12 +169,11 @@ class DecodeGraphs:
         n = positions.size  # real rows
         host, tables, bs = self._host_np, self._host_tables_np, self.block_size
         host[:, : shape[1]] = 0
-        tables[: shape[0], 0] = self.scratch_block
-        for row, table in enumerate(block_tables):
-            tables[row, : len(table)] = table
+        block_tables.gather(rows, out=tables)  # one indexed copy; padding rows read column 0:
+        tables[rows.size : shape[0], 0] = self.scratch_block
         host[IDS, :n] = [t for e in scheduled for t in e.token_ids]
-        rows = np.arange(n) if decode else np.zeros(n, dtype=np.int64)
-        host[SLOTS, :n] = tables[rows, positions // bs] * bs + positions % bs
+        seqs = np.arange(n) if decode else np.zeros(n, dtype=np.int64)  # each token's table
+        host[SLOTS, :n] = tables[seqs, positions // bs] * bs + positions % bs
         host[POSITIONS:, :n] = prepared.positions
         if self._embeds is not None and prepared.embeds is not None:
             self._embeds[:n].copy_(prepared.embeds)
