@@ -18,9 +18,11 @@ work:
 
 Prompts have different lengths (so requests cross block boundaries on different steps, as in
 serving). Each B runs --rounds rounds of --steps decode steps; a part's figure is its mean per
-step in its fastest round (noise from other processes only ever adds time).
+step in its fastest round (noise from other processes only ever adds time). The clock is the
+thread's CPU time (`time.thread_time`, about 0.6 us per reading, so time spent descheduled on a
+busy machine does not count); --clock wall takes `time.perf_counter`.
 
-    python bench/host_step.py [--batch 1,16,64,256] [--steps 64] [--rounds 5] [--eager]
+    python bench/host_step.py [--batch 1,16,64,256] [--steps 64] [--rounds 5] [--clock cpu|wall] [--eager]
         [--outputs] [--no-caching] [--profile 64]
 """
 
@@ -64,6 +66,7 @@ class StandIn:
         self.zeros = torch.zeros(1, hidden_size)
         self.logits = torch.zeros(1, 8)
         self.entered = self.left = 0.0
+        self.clock = time.perf_counter
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         num_rows = hidden_states.shape[0]
@@ -72,12 +75,12 @@ class StandIn:
         return self.logits[:num_rows]
 
     def __call__(self, input_ids, positions, attn, embeds=None) -> ModelOutputs:
-        self.entered = time.perf_counter()
+        self.entered = self.clock()
         num_tokens = input_ids.shape[0]
         if self.zeros.shape[0] < num_tokens:
             self.zeros = torch.zeros(num_tokens, self.hidden_size)
         out = ModelOutputs(hidden_states=self.zeros[:num_tokens])
-        self.left = time.perf_counter()
+        self.left = self.clock()
         return out
 
 
@@ -90,7 +93,7 @@ class StandInGraph:
         self.stand_in = stand_in
 
     def replay(self) -> None:
-        self.stand_in.entered = self.stand_in.left = time.perf_counter()
+        self.stand_in.entered = self.stand_in.left = self.stand_in.clock()
 
 
 def install_stand_in_graphs(engine: StageEngine, stand_in: StandIn) -> None:
@@ -128,6 +131,7 @@ def make_engine(args: argparse.Namespace, batch: int) -> tuple[StageEngine, Stan
 
 def measure(args: argparse.Namespace, batch: int) -> dict[str, float]:
     engine, stand_in = make_engine(args, batch)  # its warm-up ran the real model
+    stand_in.clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     # From here the host work of the GPU path: attention metadata as the Triton kernel takes
     # it, without the CPU torch path's per-step plan (the stand-ins read no metadata at all).
     uses_triton = attention.uses_triton
@@ -153,18 +157,19 @@ def measure_steps(
         engine.step()
     best: dict[str, float] | None = None
     profiler = cProfile.Profile() if args.profile == batch else None
+    clock = stand_in.clock
     for _ in range(args.rounds):
         sums = dict.fromkeys(PARTS, 0.0)
         if profiler is not None:
             profiler.enable()
         for _ in range(args.steps):
-            t0 = time.perf_counter()
+            t0 = clock()
             scheduled = engine.scheduler.schedule()
-            t1 = time.perf_counter()
+            t1 = clock()
             runner_output = engine.runner.execute(scheduled)
-            t2 = time.perf_counter()
+            t2 = clock()
             engine.update(scheduled, runner_output)
-            t3 = time.perf_counter()
+            t3 = clock()
             if len(scheduled.scheduled) != batch or len(runner_output.sampled_token_ids) != batch:
                 raise SystemExit(f"B={batch}: a timed step was not a decode step of all B")
             sums["schedule"] += t1 - t0
@@ -187,6 +192,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64, help="timed decode steps per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per B (fastest per part)")
     parser.add_argument("--warm-steps", type=int, default=8)
+    parser.add_argument(
+        "--clock", choices=("cpu", "wall"), default="cpu", help="thread CPU time or wall time"
+    )
     parser.add_argument("--eager", action="store_true", help="engine.cuda_graphs false")
     parser.add_argument("--outputs", action="store_true", help="keep hidden_states (a thinker)")
     parser.add_argument("--no-caching", action="store_true", help="prefix caching off")
@@ -198,7 +206,7 @@ def main() -> None:
     batches = [int(b) for b in args.batch.split(",")]
     mode = "eager (pack_batch)" if args.eager else "padded (the CUDA-graph path, run eagerly)"
     print(
-        f"host time per decode step, us (forward replaced by a stand-in); {mode}, prefix "
+        f"host {args.clock} time per decode step, us (forward replaced by a stand-in); {mode}, prefix "
         f"caching {'off' if args.no_caching else 'on'}, outputs "
         f"{'hidden_states' if args.outputs else 'none'}; per part the fastest of {args.rounds} rounds of "
         f"{args.steps} steps\n"

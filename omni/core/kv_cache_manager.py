@@ -73,8 +73,9 @@ class KVCacheManager:
             if req_blocks is not None:
                 num_total_tokens = request.num_computed_tokens + num_new_tokens
                 if num_total_tokens <= len(req_blocks) * self.block_size:
-                    if self.enable_caching:
-                        num_known = min(num_total_tokens, request.num_tokens)
+                    num_known = min(num_total_tokens, request.num_tokens)
+                    num_cached = self._num_cached_blocks[request.request_id]
+                    if self.enable_caching and num_known // self.block_size > num_cached:
                         self._cache_full_blocks(request, req_blocks, num_known)
                     return []
         if num_new_tokens < 0 or num_new_computed_tokens < 0:

@@ -94,23 +94,39 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         pending_rows: set[int] = set()  # blocks whose output rows this step's forward writes
 
-        # Running requests, oldest first; preempt from the back when blocks run out.
+        # Running requests, oldest first; preempt from the back when blocks run out. Once per
+        # running request per step (a decode step's whole host loop): kept to plain local work.
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
+        running, allocate_slots = self.running, self.kv.allocate_slots
+        while index < len(running) and budget > 0:
+            request = running[index]
             num_new = min(request.num_feedable(), budget)
             if num_new <= 0:
                 index += 1  # waiting for its upstream's next input
                 continue
-            while (new_block_ids := self.kv.allocate_slots(request, num_new)) is None:
-                victim = self.running.pop()
+            while (new_block_ids := allocate_slots(request, num_new)) is None:
+                victim = running.pop()
                 self._preempt(victim)
                 if victim is request:
                     break
             if new_block_ids is None:
                 break  # the request preempted itself; everything after it was preempted too
-            scheduled.append(self._entry(request, num_new, new_block_ids, is_new=False))
-            self._note_pending(request, num_new, pending_rows)
+            start = request.num_computed_tokens
+            all_token_ids = request.all_token_ids
+            entry = ScheduledRequest(
+                request.request_id,
+                all_token_ids[start : start + num_new],
+                start,
+                new_block_ids,
+                False,
+                start + num_new == len(all_token_ids),
+                None,
+                (),
+                len(request.output_token_ids),
+            )
+            scheduled.append(entry)
+            if self.hit_filter is not None:
+                self._note_pending(request, num_new, pending_rows)
             budget -= num_new
             index += 1
 
@@ -176,11 +192,9 @@ class Scheduler:
         )
 
     def _note_pending(self, request: Request, num_new: int, pending_rows: set[int]) -> None:
-        if self.hit_filter is None:
-            return
         first = request.num_computed_tokens // self.block_size
         last = (request.num_computed_tokens + num_new) // self.block_size
-        if last > first:
+        if last > first and self.hit_filter is not None:
             pending_rows.update(self.kv.get_block_ids(request.request_id)[first:last])
 
     def _preempt(self, request: Request) -> None:

@@ -234,16 +234,17 @@ class StageEngine:
         self.rows.after_step(scheduler_output, self.num_steps)
         appended: list[Request] = []  # the requests that got a token, one each
         finished = self.scheduler.update_from_output(scheduler_output, runner_output, appended)
-        name, new_rows = self.name, self.rows.new_rows
+        name = self.name
+        if self.rows.any_step_rows:
+            new_rows = self.rows.new_rows
+            tensors = [new_rows(r) for r in appended]
+        else:
+            tensors = [{} for _ in appended]
         updates = [
             StageUpdate(
-                r.request_id,
-                name,
-                [r.output_token_ids[-1]],
-                max(r.num_cached_tokens, 0),
-                tensors=new_rows(r),
+                r.request_id, name, [r.output_token_ids[-1]], max(r.num_cached_tokens, 0), t
             )
-            for r in appended
+            for r, t in zip(appended, tensors, strict=True)
         ]
         results = []
         for request in finished:

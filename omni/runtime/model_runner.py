@@ -98,6 +98,7 @@ class ModelRunner:
         # with a table; +1: the warm-up's and profile's dummy request).
         max_blocks = -(-max(max_model_len, max_num_batched_tokens) // block_size)
         self.block_tables = BlockTables(max_num_seqs + 1, max_blocks)
+        self._num_random = 0  # tracked requests that are not greedy (0: skip the per-row check)
         # Per-request stage inputs (upstream embeddings, pixel values, ...), kept until finished.
         self._extras: dict[str, Mapping[str, Any]] = {}
         self.decode_graphs: DecodeGraphs | None = None
@@ -219,7 +220,9 @@ class ModelRunner:
         if not sampled:
             return RunnerOutput(sampled_token_ids={})
         logits = self.model.compute_logits(hidden)
-        token_ids = self.sampler(logits, params, [e.num_output_tokens for e in sampled])
+        all_greedy = self._num_random == 0
+        counts = [] if all_greedy else [e.num_output_tokens for e in sampled]
+        token_ids = self.sampler(logits, params, counts, all_greedy=all_greedy)
         sample_ids = [e.request_id for e in sampled]
         return RunnerOutput(sampled_token_ids=dict(zip(sample_ids, token_ids, strict=True)))
 
@@ -249,6 +252,7 @@ class ModelRunner:
                 self._forget(entry.request_id)
                 state = _RequestState(tables.add(entry.new_block_ids), entry.sampling_params)
                 requests[entry.request_id] = state
+                self._num_random += not state.sampling_params.greedy
             elif entry.new_block_ids:
                 tables.append(state.row, entry.new_block_ids)
             rows.append(state.row)
@@ -260,6 +264,7 @@ class ModelRunner:
         state = self._requests.pop(request_id, None)
         if state is not None:
             self.block_tables.release(state.row)
+            self._num_random -= not state.sampling_params.greedy
 
     def _pack(self, scheduled: list[ScheduledRequest], tracked: _Tracked) -> PackedBatch:
         return pack_batch(

@@ -49,11 +49,14 @@ class Sampler:
         logits: torch.Tensor,
         params: list[SamplingParams],
         num_output_tokens: list[int],
+        *,
+        all_greedy: bool = False,
     ) -> list[int]:
         """logits [num_rows, vocab] on any device, any float dtype; one SamplingParams and output
-        count per row. Returns the chosen ids (one device-to-host copy)."""
+        count per row. Returns the chosen ids (one device-to-host copy). all_greedy: the caller
+        knows that every row is greedy (no per-row check; num_output_tokens is then unused)."""
         token_ids = logits.argmax(dim=-1)
-        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        random_rows = [] if all_greedy else [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
             # Unseeded rows first: their noise is one draw from the shared generator.
             unseeded = [i for i in random_rows if params[i].seed is None]
