@@ -98,6 +98,7 @@ class Scheduler:
         # running request per step (a decode step's whole host loop): kept to plain local work.
         index = 0
         running, allocate_slots = self.running, self.kv.allocate_slots
+        hit_filter, block_size = self.hit_filter, self.block_size
         while index < len(running) and budget > 0:
             request = running[index]
             num_new = min(request.num_feedable(), budget)
@@ -125,8 +126,8 @@ class Scheduler:
                 len(request.output_token_ids),
             )
             scheduled.append(entry)
-            if self.hit_filter is not None:
-                self._note_pending(request, num_new, pending_rows)
+            if hit_filter is not None and (start + num_new) // block_size > start // block_size:
+                self._note_pending(request, num_new, pending_rows)  # it fills a block
             budget -= num_new
             index += 1
 
