@@ -67,6 +67,17 @@ class KVCacheManager:
         free queue head (evicting cached ones), and caches every block full of known tokens at
         once, so that a request scheduled later in the same step can already hit it.
         """
+        if not num_new_computed_tokens and not new_computed_blocks and num_new_tokens >= 0:
+            # A running request's next tokens (a decode step): its blocks usually hold them.
+            req_blocks = self._req_blocks.get(request.request_id)
+            if req_blocks is not None:
+                num_total_tokens = request.num_computed_tokens + num_new_tokens
+                if num_total_tokens <= len(req_blocks) * self.block_size:
+                    num_known = min(num_total_tokens, request.num_tokens)
+                    num_cached = self._num_cached_blocks[request.request_id]
+                    if self.enable_caching and num_known // self.block_size > num_cached:
+                        self._cache_full_blocks(request, req_blocks, num_known)
+                    return []
         if num_new_tokens < 0 or num_new_computed_tokens < 0:
             raise ValueError(
                 f"num_new_tokens={num_new_tokens} and num_new_computed_tokens="

@@ -111,14 +111,16 @@ class Request:
     def num_feedable(self, start: int | None = None) -> int:
         """Tokens it could feed from `start` (default: num_computed_tokens) up to its last token,
         not past its input limit."""
-        end = (
-            self.num_tokens if self.input_limit is None else min(self.num_tokens, self.input_limit)
-        )
+        end = len(self._all_token_ids)
+        if self.input_limit is not None:
+            end = min(end, self.input_limit)
         return end - (self.num_computed_tokens if start is None else start)
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
-        if isinstance(token_ids, int):
-            token_ids = [token_ids]
+        if isinstance(token_ids, int):  # one sampled token: every decode step, every request
+            self.output_token_ids.append(token_ids)
+            self._all_token_ids.append(token_ids)
+            return
         self.output_token_ids.extend(token_ids)
         self._all_token_ids.extend(token_ids)
 

@@ -94,23 +94,41 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         pending_rows: set[int] = set()  # blocks whose output rows this step's forward writes
 
-        # Running requests, oldest first; preempt from the back when blocks run out.
+        # Running requests, oldest first; preempt from the back when blocks run out. Once per
+        # running request per step (a decode step's whole host loop): kept to plain local work.
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
+        running, allocate_slots = self.running, self.kv.allocate_slots
+        hit_filter, block_size = self.hit_filter, self.block_size
+        while index < len(running) and budget > 0:
+            request = running[index]
             num_new = min(request.num_feedable(), budget)
             if num_new <= 0:
                 index += 1  # waiting for its upstream's next input
                 continue
-            while (new_block_ids := self.kv.allocate_slots(request, num_new)) is None:
-                victim = self.running.pop()
+            while (new_block_ids := allocate_slots(request, num_new)) is None:
+                victim = running.pop()
                 self._preempt(victim)
                 if victim is request:
                     break
             if new_block_ids is None:
                 break  # the request preempted itself; everything after it was preempted too
-            scheduled.append(self._entry(request, num_new, new_block_ids, is_new=False))
-            self._note_pending(request, num_new, pending_rows)
+            start = request.num_computed_tokens
+            all_token_ids = request.all_token_ids
+            entry = ScheduledRequest(
+                request.request_id,
+                all_token_ids[start : start + num_new],
+                start,
+                new_block_ids,
+                False,
+                start + num_new == len(all_token_ids),
+                None,
+                (),
+                len(request.output_token_ids),
+                self._fed_codes(request, start, num_new) if request.output_codes else (),
+            )
+            scheduled.append(entry)
+            if hit_filter is not None and (start + num_new) // block_size > start // block_size:
+                self._note_pending(request, num_new, pending_rows)  # it fills a block
             budget -= num_new
             index += 1
 
@@ -186,11 +204,9 @@ class Scheduler:
         return tuple(request.output_codes[first:last])
 
     def _note_pending(self, request: Request, num_new: int, pending_rows: set[int]) -> None:
-        if self.hit_filter is None:
-            return
         first = request.num_computed_tokens // self.block_size
         last = (request.num_computed_tokens + num_new) // self.block_size
-        if last > first:
+        if last > first and self.hit_filter is not None:
             pending_rows.update(self.kv.get_block_ids(request.request_id)[first:last])
 
     def _preempt(self, request: Request) -> None:
@@ -204,41 +220,51 @@ class Scheduler:
 
     # ---- results ------------------------------------------------------------------------------
     def update_from_output(
-        self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
+        self,
+        scheduler_output: SchedulerOutput,
+        runner_output: RunnerOutput,
+        appended: list[Request] | None = None,
     ) -> list[Request]:
         """Advance computed tokens, append sampled tokens, and return the requests that finished.
 
         Finished requests still hold their blocks (so their cached rows can be gathered); the
-        caller hands each to `release`.
+        caller hands each to `release`. appended: when given, receives every request that got
+        a token (one each), in scheduling order.
         """
         finished: list[Request] = []
+        requests, sampled = self.requests, runner_output.sampled_token_ids
+        running = RequestStatus.RUNNING
         for entry in scheduler_output.scheduled:
-            request = self.requests.get(entry.request_id)
-            if request is None or request.status != RequestStatus.RUNNING:
+            request = requests.get(entry.request_id)
+            if request is None or request.status is not running:
                 continue
             request.num_computed_tokens += len(entry.token_ids)
-            token_id = runner_output.sampled_token_ids.get(entry.request_id)
+            token_id = sampled.get(entry.request_id)
             if token_id is None:
                 continue
             request.append_output_token_ids(token_id)
             codes = runner_output.sampled_codes.get(entry.request_id)
             if codes is not None:
                 request.output_codes.append(codes)
+            if appended is not None:
+                appended.append(request)
             status = self._stop_status(request, token_id)
             if status is not None:
                 request.status = status
-                self.running.remove(request)
                 finished.append(request)
+        if finished:  # one pass over the running list, not one remove per finished request
+            done = {id(request) for request in finished}
+            self.running[:] = [r for r in self.running if id(r) not in done]
         return finished
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params
-        if not params.ignore_eos and token_id == request.eos_token_id:
+        if token_id == request.eos_token_id and not params.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
-        if token_id in params.stop_token_ids:
+        if params.stop_token_ids and token_id in params.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens:
+        if len(request.output_token_ids) >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH
-        if request.num_tokens >= self.config.max_model_len:
+        if len(request.all_token_ids) >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None

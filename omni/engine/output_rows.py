@@ -48,6 +48,11 @@ class OutputRows:
             self.kv.uncache_block(block_id)
         return num_usable
 
+    @property
+    def any_step_rows(self) -> bool:
+        """Whether any request reports its rows as they are computed (else new_rows is empty)."""
+        return bool(self._rows_sent)
+
     def report_step_rows(self, request_id: str) -> None:
         """Report the request's rows as they are computed (a step_rows request)."""
         self._rows_sent[request_id] = 0

@@ -232,21 +232,19 @@ class StageEngine:
     ) -> EngineOutput:
         self.num_steps += 1
         self.rows.after_step(scheduler_output, self.num_steps)
-        sampled = [
-            self.scheduler.requests[request_id] for request_id in runner_output.sampled_token_ids
-        ]
-        num_before = {r.request_id: r.num_output_tokens for r in sampled}
-        finished = self.scheduler.update_from_output(scheduler_output, runner_output)
+        appended: list[Request] = []  # the requests that got a token, one each
+        finished = self.scheduler.update_from_output(scheduler_output, runner_output, appended)
+        name = self.name
+        if self.rows.any_step_rows:
+            new_rows = self.rows.new_rows
+            step_rows = [new_rows(r) for r in appended]
+        else:
+            step_rows = [{} for _ in appended]
         updates = [
             StageUpdate(
-                r.request_id,
-                self.name,
-                list(r.output_token_ids[num_before[r.request_id] :]),
-                max(r.num_cached_tokens, 0),
-                tensors=self.rows.new_rows(r),
+                r.request_id, name, [r.output_token_ids[-1]], max(r.num_cached_tokens, 0), t
             )
-            for r in sampled
-            if r.num_output_tokens > num_before[r.request_id]
+            for r, t in zip(appended, step_rows, strict=True)
         ]
         results = []
         for request in finished:

@@ -32,15 +32,16 @@ class PackedBatch:
 
 def pack_batch(
     scheduled: list[ScheduledRequest],
-    tables: list[list[int]],
+    block_tables: np.ndarray,
     *,
     block_size: int,
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     extras: Mapping[str, Mapping[str, Any]],
     device: torch.device,
 ) -> PackedBatch:
-    """The batch of `scheduled` (tables: their block tables, in order) on `device`; a request
-    samples at its last fed token when `entry.sample`. extras: per-request stage inputs."""
+    """The batch of `scheduled` (block_tables: theirs, in order, [num_seqs, width]; entries
+    past a table's length are never read) on `device`; a request samples at its last fed token
+    when `entry.sample`. extras: per-request stage inputs."""
     token_ids: list[int] = []
     query_lens, context_lens = [], []
     sample_rows, sample_ids = [], []
@@ -57,9 +58,6 @@ def pack_batch(
     seq_lens = np.asarray(context_lens, dtype=np.int64)
     query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(q_lens, out=query_start_loc[1:])
-    block_tables = np.zeros((num_seqs, max(len(t) for t in tables)), dtype=np.int64)
-    for row, table in enumerate(tables):
-        block_tables[row, : len(table)] = table
     # Positions of fed tokens: the last q_len positions of each context.
     seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
     positions = (

@@ -27,6 +27,7 @@ Invariants:
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ import torch
 from omni.core.scheduler_output import ScheduledRequest
 from omni.runtime import attention
 from omni.runtime.attention import AttentionMetadata
+from omni.runtime.block_tables import BlockTables
 from omni.runtime.stage_model import ModelOutputs, StageModel
 
 logger = logging.getLogger(__name__)
@@ -116,6 +118,10 @@ class DecodeGraphs:
         self._dev_tables = self._host_tables.to(device) if on_gpu else self._host_tables
         self._host_np = self._host.numpy()
         self._host_tables_np = self._host_tables.numpy()
+        # Per step constants, made once: the host's aranges and the padding rows' slots.
+        self._host_arange = np.arange(width, dtype=np.int64)
+        self._scratch_slots = self.scratch_slot + self._host_arange
+        self._dev_slots = self._dev[SLOTS]
         self._embeds: torch.Tensor | None = None  # per-row float inputs (the talker's text rows)
         if model.decode_embed_dim:
             shape = (width, model.decode_embed_dim)
@@ -138,19 +144,24 @@ class DecodeGraphs:
         if not 0 < n <= self.batch_sizes[-1] or not all(e.sample for e in scheduled):
             return None
         if all(len(e.token_ids) == 1 for e in scheduled):
-            size = self.batch_sizes[int(np.searchsorted(self.batch_sizes, n))]
+            size = self.batch_sizes[bisect.bisect_left(self.batch_sizes, n)]
             return size, size
         t = len(scheduled[0].token_ids)
         if n == 1 and self.suffix_sizes and t < self.suffix_sizes[-1]:
-            return 2, self.suffix_sizes[int(np.searchsorted(self.suffix_sizes, t, "right"))]
+            return 2, self.suffix_sizes[bisect.bisect_right(self.suffix_sizes, t)]
         return None
 
     # ---- one step -------------------------------------------------------------------------------
     def run(
-        self, scheduled: list[ScheduledRequest], block_tables: list[list[int]], shape: Shape
+        self,
+        scheduled: list[ScheduledRequest],
+        block_tables: BlockTables,
+        rows: np.ndarray,
+        shape: Shape,
     ) -> GraphStep | None:
-        """Run the padded step at shape_for(scheduled); None when the adapter wants it eager
-        (its decode_prepare said so)."""
+        """Run the padded step at shape_for(scheduled) (rows: the scheduled requests' rows in
+        block_tables, in order); None when the adapter wants it eager (its decode_prepare said
+        so)."""
         decode = shape[0] == shape[1]
         if decode:
             positions = np.fromiter((e.num_computed_tokens for e in scheduled), np.int64)
@@ -163,18 +174,20 @@ class DecodeGraphs:
         n = positions.size  # real rows
         host, tables, bs = self._host_np, self._host_tables_np, self.block_size
         host[:, : shape[1]] = 0
-        tables[: shape[0], 0] = self.scratch_block
-        for row, table in enumerate(block_tables):
-            tables[row, : len(table)] = table
+        block_tables.gather(rows, out=tables)  # one indexed copy; padding rows read column 0:
+        tables[rows.size : shape[0], 0] = self.scratch_block
         host[IDS, :n] = [t for e in scheduled for t in e.token_ids]
-        rows = np.arange(n) if decode else np.zeros(n, dtype=np.int64)
-        host[SLOTS, :n] = tables[rows, positions // bs] * bs + positions % bs
+        seqs = self._host_arange[:n] if decode else np.zeros(n, dtype=np.int64)  # token's table
+        block_index, offset = np.divmod(positions, bs)
+        slots = host[SLOTS, :n]
+        np.multiply(tables[seqs, block_index], bs, out=slots)
+        slots += offset
         host[POSITIONS:, :n] = prepared.positions
         if self._embeds is not None and prepared.embeds is not None:
             self._embeds[:n].copy_(prepared.embeds)
             self._embeds[n : shape[1]].zero_()
         num_padding = shape[1] - n
-        host[SLOTS, n : shape[1]] = self.scratch_slot + np.arange(num_padding)
+        host[SLOTS, n : shape[1]] = self._scratch_slots[:num_padding]
         if decode:  # padding rows: token 0 at position 0, one key each
             host[SEQ_LENS, :n] = positions + 1
             host[SEQ_LENS, n : shape[0]] = 1
@@ -185,7 +198,7 @@ class DecodeGraphs:
             tables[1, : -(-num_padding // bs)] = self.scratch_block + np.arange(
                 -(-num_padding // bs)
             )
-        host_slots = torch.from_numpy(host[SLOTS, :n].copy())
+        host_slots = torch.from_numpy(slots.copy())
         if self._dev is not self._host:
             self._dev.copy_(self._host, non_blocking=True)
             self._dev_tables[: shape[0]].copy_(self._host_tables[: shape[0]], non_blocking=True)
@@ -200,7 +213,7 @@ class DecodeGraphs:
         self.num_padded_rows += num_padding
         real = ModelOutputs(outputs.hidden_states[:n], {k: v[:n] for k, v in outputs.extra.items()})
         sample = real.hidden_states if decode else real.hidden_states[n - 1 :]
-        return GraphStep(real, sample, host_slots, self._dev[SLOTS, :n])
+        return GraphStep(real, sample, host_slots, self._dev_slots[:n])
 
     def _forward(self, shape: Shape, *, static: bool) -> ModelOutputs:
         """The adapter's body on the device buffers at this shape. static: the metadata a graph

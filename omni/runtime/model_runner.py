@@ -20,12 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
 from omni.runtime.attention import allocate_kv_caches
 from omni.runtime.batch_packing import PackedBatch, pack_batch
+from omni.runtime.block_tables import BlockTables
 from omni.runtime.decode_graphs import (
     DecodeGraphs,
     GraphStep,
@@ -41,8 +43,17 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _RequestState:
-    block_ids: list[int]
+    row: int  # of its block table in ModelRunner.block_tables
     sampling_params: SamplingParams
+
+
+@dataclass
+class _Tracked:
+    """A step's requests after their new blocks went into their tables: the tables' rows and
+    the sampling parameters, in scheduling order."""
+
+    rows: np.ndarray
+    params: list[SamplingParams]
 
 
 class ModelRunner:
@@ -83,6 +94,11 @@ class ModelRunner:
         self.output_cache = output_cache
         self.sampler = Sampler(seed, device=self.device)
         self._requests: dict[str, _RequestState] = {}
+        # Block tables live in one host array, appended to as blocks come (one row per request
+        # with a table; +1: the warm-up's and profile's dummy request).
+        max_blocks = -(-max(max_model_len, max_num_batched_tokens) // block_size)
+        self.block_tables = BlockTables(max_num_seqs + 1, max_blocks)
+        self._num_random = 0  # tracked requests that are not greedy (0: skip the per-row check)
         # Per-request stage inputs (upstream embeddings, pixel values, ...), kept until finished.
         self._extras: dict[str, Mapping[str, Any]] = {}
         self.decode_graphs: DecodeGraphs | None = None
@@ -135,7 +151,7 @@ class ModelRunner:
             request_id, [0] * num_tokens, 0, block_ids, True, False, SamplingParams()
         )
         batch = self._pack([entry], self._track([entry]))
-        self._requests.pop(request_id, None)
+        self._forget(request_id)
         return batch
 
     def add_request_extras(self, request_id: str, extras: Mapping[str, Any]) -> None:
@@ -145,7 +161,7 @@ class ModelRunner:
     def release(self, request_ids: list[str]) -> None:
         """Forget finished or aborted requests at once (their inputs can be large)."""
         for request_id in request_ids:
-            self._requests.pop(request_id, None)
+            self._forget(request_id)
             self._extras.pop(request_id, None)
         if request_ids:
             self.model.release(request_ids)  # adapters' per-request state
@@ -176,36 +192,49 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         for request_id in scheduler_output.preempted_request_ids:
-            self._requests.pop(request_id, None)  # block table gone; inputs stay
+            self._forget(request_id)  # block table gone; inputs stay
         if scheduler_output.is_empty:
             return RunnerOutput(sampled_token_ids={})
         scheduled = scheduler_output.scheduled
-        tables = self._track(scheduled)
-        padded = self._run_padded(scheduled, tables)
+        tracked = self._track(scheduled)
+        padded = self._run_padded(scheduled, tracked)
         if padded is not None:  # every scheduled request samples, in order
             outputs, hidden = padded.outputs, padded.sample_hidden
             host_slots, device_slots = padded.host_slots, padded.device_slots
-            sample_ids = [e.request_id for e in scheduled]
+            sampled, params = scheduled, tracked.params
         else:
-            batch = self._pack(scheduled, tables)
+            batch = self._pack(scheduled, tracked)
             outputs = self.model.forward(batch.model_inputs)
             self.num_eager_steps += 1
             host_slots, device_slots = batch.slot_mapping, batch.model_inputs.attn.slot_mapping
             hidden = outputs.hidden_states
             if len(batch.sample_ids) != hidden.shape[0]:  # else every row samples: no gather
                 hidden = hidden.index_select(0, batch.sample_rows)
-            sample_ids = batch.sample_ids
+            # The entries that sample, in order (as batch.sample_ids).
+            sampled = [e for e in scheduled if e.sample]
+            params = [p for e, p in zip(scheduled, tracked.params, strict=True) if e.sample]
         if self.output_cache is not None:
             per_token = {"hidden_states": outputs.hidden_states, **outputs.extra}
             self.output_cache.discover(per_token, host_slots.numel())
             self.output_cache.write(host_slots, per_token, device_slot_mapping=device_slots)
-        if not sample_ids:
+        if not sampled:
             return RunnerOutput(sampled_token_ids={})
         logits = self.model.compute_logits(hidden)
-        entries = {e.request_id: e for e in scheduled}
-        params = [self._requests[request_id].sampling_params for request_id in sample_ids]
-        counts = [entries[request_id].num_output_tokens for request_id in sample_ids]
-        ids = self.sampler.sample(logits, params, counts)
+        return self._sample(logits, hidden, sampled, params)
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        sampled: list[ScheduledRequest],
+        params: list[SamplingParams],
+    ) -> RunnerOutput:
+        """The sampling rows' tokens (and a multi-code step's residual codes), with the step's
+        one device-to-host copy."""
+        all_greedy = self._num_random == 0
+        counts = [] if all_greedy else [e.num_output_tokens for e in sampled]
+        sample_ids = [e.request_id for e in sampled]
+        ids = self.sampler.sample(logits, params, counts, all_greedy=all_greedy)
         codes = self.model.sample_codes(hidden, ids, sample_ids, params, counts)
         if codes is None:
             token_ids = ids.tolist()  # the step's one device-to-host copy
@@ -217,9 +246,7 @@ class ModelRunner:
             sampled_codes={r: tuple(f[1:]) for r, f in zip(sample_ids, frames, strict=True)},
         )
 
-    def _run_padded(
-        self, scheduled: list[ScheduledRequest], tables: list[list[int]]
-    ) -> GraphStep | None:
+    def _run_padded(self, scheduled: list[ScheduledRequest], tracked: _Tracked) -> GraphStep | None:
         graphs = self.decode_graphs
         shape = graphs.shape_for(scheduled) if graphs is not None else None
         if graphs is None or shape is None:
@@ -227,30 +254,42 @@ class ModelRunner:
         if self.output_cache is not None:
             # A replay overwrites the graph's outputs, which the last step's copies may still read.
             self.output_cache.wait_copies_on_device()
-        return graphs.run(scheduled, tables, shape)
+        return graphs.run(scheduled, self.block_tables, tracked.rows, shape)
 
-    def _track(self, scheduled: list[ScheduledRequest]) -> list[list[int]]:
-        """Take the step's new blocks into each request's table; returns the tables in order."""
-        tables = []
+    def _track(self, scheduled: list[ScheduledRequest]) -> _Tracked:
+        """Take the step's new blocks into each request's table (in the host array, where they
+        stay: a table is written once per block, never rebuilt)."""
+        rows, params = [], []
+        requests, tables = self._requests, self.block_tables
         for entry in scheduled:
-            state = self._requests.get(entry.request_id)
+            state = requests.get(entry.request_id)
             if entry.is_new or state is None:
                 if entry.sampling_params is None:  # the scheduler sets them whenever is_new
                     raise RuntimeError(
                         f"request {entry.request_id!r} scheduled without a block table "
                         f"or sampling params (is_new={entry.is_new})"
                     )
-                state = _RequestState(list(entry.new_block_ids), entry.sampling_params)
-                self._requests[entry.request_id] = state
-            else:
-                state.block_ids.extend(entry.new_block_ids)
-            tables.append(state.block_ids)
-        return tables
+                self._forget(entry.request_id)
+                state = _RequestState(tables.add(entry.new_block_ids), entry.sampling_params)
+                requests[entry.request_id] = state
+                self._num_random += not state.sampling_params.greedy
+            elif entry.new_block_ids:
+                tables.append(state.row, entry.new_block_ids)
+            rows.append(state.row)
+            params.append(state.sampling_params)
+        return _Tracked(np.array(rows, dtype=np.int64), params)
 
-    def _pack(self, scheduled: list[ScheduledRequest], tables: list[list[int]]) -> PackedBatch:
+    def _forget(self, request_id: str) -> None:
+        """Drop the request's block table (finished, aborted or preempted)."""
+        state = self._requests.pop(request_id, None)
+        if state is not None:
+            self.block_tables.release(state.row)
+            self._num_random -= not state.sampling_params.greedy
+
+    def _pack(self, scheduled: list[ScheduledRequest], tracked: _Tracked) -> PackedBatch:
         return pack_batch(
             scheduled,
-            tables,
+            self.block_tables.gather(tracked.rows),
             block_size=self.block_size,
             kv_caches=self.kv_caches,
             extras=self._extras,

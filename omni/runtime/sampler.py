@@ -49,21 +49,26 @@ class Sampler:
         logits: torch.Tensor,
         params: list[SamplingParams],
         num_output_tokens: list[int],
+        *,
+        all_greedy: bool = False,
     ) -> list[int]:
         """logits [num_rows, vocab] on any device, any float dtype; one SamplingParams and output
-        count per row. Returns the chosen ids (one device-to-host copy)."""
-        return self.sample(logits, params, num_output_tokens).tolist()
+        count per row. Returns the chosen ids (one device-to-host copy). all_greedy: the caller
+        knows that every row is greedy (no per-row check; num_output_tokens is then unused)."""
+        return self.sample(logits, params, num_output_tokens, all_greedy=all_greedy).tolist()
 
     def sample(
         self,
         logits: torch.Tensor,
         params: list[SamplingParams],
         num_output_tokens: list[int],
+        *,
+        all_greedy: bool = False,
     ) -> torch.Tensor:
         """As __call__, but the chosen ids stay on the logits' device ([num_rows] int64): a
         multi-code step samples more codes from them before the step's one host copy."""
         token_ids = logits.argmax(dim=-1)
-        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        random_rows = [] if all_greedy else [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
             # Unseeded rows first: their noise is one draw from the shared generator.
             unseeded = [i for i in random_rows if params[i].seed is None]

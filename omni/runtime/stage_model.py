@@ -118,7 +118,8 @@ class StageModelBase:
         from compute_logits(hidden_states [R, H]), the residual codes of those rows, [R, C] int64
         on the device, sampled batched over all R rows with each row's params; they return to
         the engine with the token (RunnerOutput.sampled_codes) and come back with it when it is
-        fed (ScheduledRequest.fed_codes). None (the default): one token per step."""
+        fed (ScheduledRequest.fed_codes). num_output_tokens is empty when every row is greedy
+        (nothing seeded needs it). None (the default): one token per step."""
         return None
 
     def release(self, request_ids: list[str]) -> None:

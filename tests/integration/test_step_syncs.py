@@ -21,13 +21,15 @@ from omni.config import load_config
 from omni.core.sampling_params import SamplingParams
 from omni.engine import StageEngine
 from omni.messages import StageInput
+from omni.runtime.model_runner import ModelRunner
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.sampler import Sampler
 from stages.qwen2_5_omni.talker import OmniTalkerAdapter, speaker_key
 from tests.sync_counter import SyncCounter
 
 COMPONENTS = {
-    "sampler": Sampler.__call__,
+    # The step's one copy of the chosen ids (and a multi-code step's codes) is the runner's.
+    "sampler": [Sampler.__call__, Sampler.sample, ModelRunner._sample],
     "talker": [OmniTalkerAdapter.forward, OmniTalkerAdapter.compute_logits],
     "output cache": [OutputCache.write, OutputCache.discover],
 }

@@ -237,6 +237,29 @@ def test_stats():
     assert manager.stats.recent_hit_rate == pytest.approx(8 / 24)
 
 
+@pytest.mark.parametrize("enable_caching", [True, False])
+def test_decode_allocations_cache_each_block_as_it_fills(enable_caching):
+    """A running request decoding one token per step (allocate_slots' fast path while its blocks
+    hold the next token): a new block exactly at each boundary, and each block cached (a later
+    request hits it) as soon as its last token is known, as when allocated in one go."""
+    manager = KVCacheManager(num_blocks=8, block_size=2, enable_caching=enable_caching)
+    request = Request("r", [1, 2, 3])
+    admit(manager, request)  # blocks [12][3.], the first cached
+    for token_id in (4, 5, 6, 7):
+        request.append_output_token_ids(token_id)
+        num_blocks = len(manager.get_block_ids("r"))
+        new_ids = manager.allocate_slots(request, 1)
+        request.num_computed_tokens += 1
+        crossed = request.num_computed_tokens > num_blocks * 2
+        assert new_ids is not None and len(new_ids) == int(crossed), token_id
+        num_full = request.num_tokens // 2
+        probe = Request("probe", list(request.all_token_ids) + [99])
+        want = num_full * 2 if enable_caching else 0
+        assert manager.get_computed_blocks(probe)[1] == want, token_id
+    assert manager.get_block_ids("r") == [0, 1, 2, 3]
+    assert manager.num_free_blocks == 4
+
+
 # ---- bad input ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("kwargs", "match"),
