@@ -28,11 +28,14 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# Two pytest workers: much of a serial run waits (Ray and server start-ups, subprocesses), so on
+# two cores the suite takes ~2/3 of the time. tests/conftest.py keeps each module on one worker
+# and all Ray modules on one (they share one cluster).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not ray"
