@@ -29,13 +29,13 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # Two pytest workers: much of a serial run waits (Ray and server start-ups, subprocesses), so on
-# two cores the suite takes ~2/3 of the time. tests/conftest.py keeps each module on one worker
-# and all Ray modules on one (they share one cluster).
+# two cores the suite takes ~2/3 of the time. --dist loadfile keeps each module on one worker (its
+# module fixtures are built once); each worker that runs a Ray test starts its own shared cluster.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not ray"

@@ -56,7 +56,6 @@ def one_torch_thread():
 
 def pytest_collection_modifyitems(config, items):
     """`cuda` tests run only where torch sees a GPU (CI has none: they show as skipped)."""
-    _xdist_groups(config, items)
     # The marker, not the keyword: keywords include the path, and tests/cuda/test_tf32_off.py
     # runs everywhere.
     cuda_items = [item for item in items if item.get_closest_marker("cuda") is not None]
@@ -69,19 +68,6 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false)")
     for item in cuda_items:
         item.add_marker(skip)
-
-
-def _xdist_groups(config, items) -> None:
-    """Under `pytest -n 2 --dist loadgroup` (make test): a module's tests stay on one worker, so
-    its module fixtures (reference runs, servers) are built once, and every module with a Ray test
-    goes to the same worker, which then starts the one shared Ray cluster
-    (tests/integration/conftest.py) instead of one per worker."""
-    if getattr(config.option, "dist", "no") != "loadgroup":
-        return
-    modules_with_ray = {i.nodeid.split("::")[0] for i in items if i.get_closest_marker("ray")}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("ray" if module in modules_with_ray else module))
 
 
 # ---- modules whose optional imports are missing, under a -m that deselects all their tests -----
