@@ -2,7 +2,8 @@
 
 A streaming request (`Stream`: input_complete=False, its codes arriving as the upstream stage
 generates them) is decoded in chunks: chunk k covers codes [b_k, b_{k+1}), b_0 = 0,
-b_1 = stream.first_chunk_size, later chunks stream.chunk_size long, and is ready once its codes
+b_1 = stream.first_chunk_size, then the stream.ramp sizes, later chunks stream.chunk_size long
+(StreamConfig.chunk_tokens), and is ready once its codes
 and `look_ahead` more have come, or the input is complete (the last chunk takes what is left).
 A step takes each stream's next ready chunk and the oldest whole request (`Work` items), or the
 oldest whole requests where the engine batches them (`max_whole`), up to `engine.max_num_seqs`
@@ -119,8 +120,7 @@ class ChunkSchedule:
         num_tokens = len(stream.token_ids)
         index, start, ready = len(stream.chunks), stream.num_emitted_tokens, []
         while start < num_tokens:
-            size = stream_config.first_chunk_size if index == 0 else stream_config.chunk_size
-            end = start + size
+            end = start + stream_config.chunk_tokens(index)
             if end + look_ahead > num_tokens:  # its codes or look-ahead have not all come
                 if not stream.input_complete:
                     break

@@ -21,8 +21,10 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from omni.config import StageConfig
@@ -39,6 +41,22 @@ from omni.runtime.stage_model import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def _extended(extras: Mapping[str, Any], delta: InputDelta) -> dict[str, Any]:
+    """A stream's extras with the delta's: per-token rows (one per new token, e.g. a codec
+    frame's code groups) appended to the rows of the same name."""
+    out = dict(extras)
+    for key, rows in delta.extras.items():
+        rows = np.asarray(rows)
+        if rows.ndim == 0 or rows.shape[0] != len(delta.new_token_ids):
+            raise ValueError(
+                f"delta extras {key!r}: one row per new token expected "
+                f"({len(delta.new_token_ids)}), got shape {list(rows.shape)}"
+            )
+        before = out.get(key)
+        out[key] = rows if before is None or not len(before) else np.concatenate([before, rows])
+    return out
 
 
 class GenerationEngine:
@@ -100,17 +118,17 @@ class GenerationEngine:
             raise ValueError(f"request {delta.request_id!r} is not streaming in {self.name!r}")
         if stream.input_complete:
             raise ValueError(f"request {delta.request_id!r}: its input is already complete")
-        if delta.extras:
-            raise ValueError(f"request {delta.request_id!r}: {self.name!r} takes no delta extras")
-        if delta.new_token_ids:
+        if delta.new_token_ids or delta.extras:
             token_ids = stream.token_ids + list(delta.new_token_ids)
             try:
-                self.model.check_inputs(
-                    dataclasses.replace(stream.stage_input, prompt_token_ids=token_ids)
+                extras = _extended(stream.stage_input.extras, delta)
+                stage_input = dataclasses.replace(
+                    stream.stage_input, prompt_token_ids=token_ids, extras=extras
                 )
+                self.model.check_inputs(stage_input)
             except ValueError as e:
                 raise ValueError(f"request {delta.request_id!r}: {e}") from e
-            stream.token_ids = token_ids
+            stream.token_ids, stream.stage_input = token_ids, stage_input
         stream.input_complete = delta.finished
 
     def abort(self, request_ids: list[str]) -> list[StageResult]:

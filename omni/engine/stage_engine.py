@@ -244,6 +244,7 @@ class StageEngine:
                 list(r.output_token_ids[num_before[r.request_id] :]),
                 max(r.num_cached_tokens, 0),
                 tensors=self.rows.new_rows(r),
+                new_codes=list(r.output_codes[num_before[r.request_id] :]),
             )
             for r in sampled
             if r.num_output_tokens > num_before[r.request_id]
