@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 from omni.config import StageConfig
-from omni.messages import StageInput
+from omni.messages import InputDelta, StageInput
 from omni.runtime.stage_model import ChunkedGenerationModel, GenerationModel
 
 
@@ -44,6 +46,22 @@ class Stream:
     def done(self) -> bool:
         """All of its (complete) input has been decoded."""
         return self.input_complete and self.num_emitted_tokens == len(self.token_ids)
+
+
+def extended_extras(extras: Mapping[str, Any], delta: InputDelta) -> dict[str, Any]:
+    """A stream's extras with the delta's: per-token rows (one per new token, e.g. a codec
+    frame's code groups) appended to the rows of the same name."""
+    out = dict(extras)
+    for key, rows in delta.extras.items():
+        rows = np.asarray(rows)
+        if rows.ndim == 0 or rows.shape[0] != len(delta.new_token_ids):
+            raise ValueError(
+                f"delta extras {key!r}: one row per new token expected "
+                f"({len(delta.new_token_ids)}), got shape {list(rows.shape)}"
+            )
+        before = out.get(key)
+        out[key] = rows if before is None or not len(before) else np.concatenate([before, rows])
+    return out
 
 
 @dataclass(frozen=True)
