@@ -147,6 +147,10 @@ class GenerationEngine:
         )
 
     @property
+    def num_steps(self) -> int:
+        return self.counts.num_steps
+
+    @property
     def num_requests(self) -> int:
         return len(self._pending) + len(self._streams)
 
