@@ -282,7 +282,8 @@ def prepare_model(args) -> tuple[str, str]:
     """Set torch's threads (--threads) and find the checkpoint (--model, or the cached one of
     --size); return its directory and the start of the run's description line."""
     torch.set_num_threads(args.threads)
-    model_dir = args.model or str(ensure_checkpoint("qwen2_5_omni", args.size))
+    family = getattr(args, "family", "qwen2_5_omni")
+    model_dir = args.model or str(ensure_checkpoint(family, args.size))
     params = count_parameters(model_dir)
     size = f"{args.size if args.model is None else model_dir} ({params / 1e6:.1f} M parameters)"
     threads = f"torch threads {args.threads} (of {os.cpu_count()} CPUs)"

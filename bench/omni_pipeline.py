@@ -34,7 +34,11 @@ part 1 and the command line: only it is run.
 
 Timings only: nothing is asserted. The checkpoint has random weights, so text and audio are noise.
 
-    .venv/bin/python bench/omni_pipeline.py [--size bench|tiny] [--backend local|ray]
+With --family qwen3_omni_moe it runs bench/qwen3_streaming.py instead (Qwen3-Omni streaming
+speech against transformers' generate: first audio, throughput at 16, joined stream vs whole).
+
+    .venv/bin/python bench/omni_pipeline.py [--family qwen2_5_omni|qwen3_omni_moe]
+        [--size bench|tiny] [--backend local|ray]
         [--requests 16] [--thinker-tokens 16] [--talker-tokens 48] [--threads 2]
         [--concurrency 1,4,16] [--speech-thinker-tokens 32] [--speech-talker-tokens 128]
         [--speech-samples 8] [--hf-requests 5] [--max-num-seqs N] [--chunk-size N]
@@ -141,6 +145,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="Qwen2.5-Omni checkpoint dir (default: built --size)")
     parser.add_argument("--size", default="bench", choices=["bench", "tiny"])
+    parser.add_argument(
+        "--family", default="qwen2_5_omni", choices=["qwen2_5_omni", "qwen3_omni_moe"]
+    )
     parser.add_argument("--backend", default="local", choices=["local", "ray"])
     parser.add_argument("--threads", type=int, default=2, help="torch threads in this process")
     parser.add_argument("--requests", type=int, default=16)
@@ -168,7 +175,7 @@ def main() -> None:
     parser.add_argument(
         "--max-num-seqs", type=int, help="part 3: every stage's engine.max_num_seqs (config's)"
     )
-    parser.add_argument("--chunk-size", type=int, help="part 3: token2wav stream.chunk_size")
+    parser.add_argument("--chunk-size", type=int, help="part 3: the vocoder's stream.chunk_size")
     parser.add_argument(
         "--first-chunk-size", type=int, help="part 3: token2wav stream.first_chunk_size"
     )
@@ -181,6 +188,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     model_dir, setup = prepare_model(args)
+    if args.family == "qwen3_omni_moe":
+        from qwen3_streaming import qwen3_section
+
+        print(f"# Qwen3-Omni streaming benchmark (random weights)\n{setup}")
+        clock = cpu_clock()
+        qwen3_section(model_dir, args)
+        print(f"(other processes took {other_cores(clock, cpu_clock()):.2f} cores meanwhile)")
+        return
     print("# Qwen2.5-Omni pipeline benchmark (random weights)")
     print(
         f"{setup}, talker input path {args.talker_mode}, torch {torch.__version__}, "

@@ -94,6 +94,17 @@ class EdgeStreaming:
     delta: str
     """"module:attr" of fn(piece: StageResult) -> InputDelta, run where the stage runs: turns the
     upstream's next piece (new tokens and rows; finish_reason set on the last) into input."""
+    held_back: int = 0
+    """The upstream's latest tokens a piece leaves out until more follow, and that the stage
+    never takes from the finished upstream (its input processor drops them too): e.g. a talker's
+    last frame, which its vocoder never decodes. min_upstream_tokens counts them."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.held_back < self.min_upstream_tokens:
+            raise ValueError(
+                f"EdgeStreaming: held_back must be in [0, min_upstream_tokens), got "
+                f"{self.held_back} with min_upstream_tokens {self.min_upstream_tokens}"
+            )
 
 
 @dataclass(frozen=True)

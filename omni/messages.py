@@ -183,6 +183,9 @@ class StageUpdate:
     that the driver forwards to streaming consumers (DeferredRows) without reading it."""
     num_rows: int = 0
     """How many rows `rows` holds for this request."""
+    new_codes: list[tuple[int, ...]] = field(default_factory=list)
+    """Multi-code stages (Request.output_codes): the residual codes of each new token, so that a
+    streaming consumer gets whole frames; empty otherwise."""
 
 
 @dataclass(frozen=True)

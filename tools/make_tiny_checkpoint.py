@@ -46,8 +46,6 @@ def _check(family: str, size: str, seed: int) -> None:
         raise ValueError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; valid sizes: {', '.join(SIZES)}")
-    if family == "qwen3_omni_moe" and size != "tiny":
-        raise ValueError(f"family 'qwen3_omni_moe' has size 'tiny' only, got {size!r}")
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
 

@@ -75,7 +75,19 @@ SIZES = {
         talk_hidden=32, talk_layers=2, talk_heads=4, talk_kv=2, talk_inter=64, talk_experts=4,
         talk_top_k=2, talk_moe_inter=32, talk_mrope=[2, 1, 1], groups=4,
         cp_layers=1, c2w_hidden=32, c2w_layers=1, c2w_heads=4, c2w_decoder=32,
-        upsample_rates=[4, 3], upsampling_ratios=[2, 2],
+        upsample_rates=[4, 3], upsampling_ratios=[2, 2], c2w_window=8,
+    ),
+    # bench/omni_pipeline.py --family qwen3_omni_moe: the real model's 16 code groups and code2wav
+    # upsampling (1920 samples per frame, 12.5 frames/s) and sliding window, small widths.
+    "bench": dict(
+        vocab=2048, hidden=256, layers=4, heads=4, kv_heads=2, experts=8, top_k=2, moe_inter=128,
+        mrope=[16, 8, 8], accept_layer=2,
+        vis_depth=2, vis_hidden=64, vis_heads=4, vis_inter=128, deepstack=[0, 1],
+        aud_layers=2, aud_dim=64, aud_heads=4, aud_ffn=128, aud_down=32,
+        talk_hidden=128, talk_layers=3, talk_heads=4, talk_kv=2, talk_inter=256, talk_experts=8,
+        talk_top_k=2, talk_moe_inter=128, talk_mrope=[8, 4, 4], groups=16,
+        cp_layers=2, c2w_hidden=128, c2w_layers=2, c2w_heads=4, c2w_decoder=96,
+        upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2], c2w_window=72,
     ),
 }  # fmt: skip
 
@@ -146,7 +158,7 @@ def omni_config(size: str, ids: dict[str, int]):
     code2wav = dict(
         codebook_size=CODEBOOK, hidden_size=d["c2w_hidden"], num_hidden_layers=d["c2w_layers"],
         num_attention_heads=d["c2w_heads"], num_key_value_heads=d["c2w_heads"],
-        intermediate_size=2 * d["c2w_hidden"], sliding_window=8, num_quantizers=d["groups"],
+        intermediate_size=2 * d["c2w_hidden"], sliding_window=d["c2w_window"], num_quantizers=d["groups"],
         upsample_rates=d["upsample_rates"], upsampling_ratios=d["upsampling_ratios"],
         decoder_dim=d["c2w_decoder"], max_position_embeddings=4096,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
@@ -257,6 +269,11 @@ def build_omni(size: str, seed: int, out_dir: pathlib.Path) -> int:
             if p.ndim == 3 and name.startswith(("thinker.model.language_model.", "talker.")):
                 p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / math.sqrt(p.shape[2])))
     init_code2wav(model.code2wav, seed)
+    if size == "bench":
+        # Random codec heads often pick codec EOS first, and transformers' generate crashes on a
+        # first code that is EOS: a zero EOS row (logit 0) lets the bench speak every frame.
+        with torch.no_grad():
+            model.talker.codec_head.weight[CODEC["eos"]] = 0.0
     model.save_pretrained(str(out_dir))
     eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     GenerationConfig(eos_token_id=eos, pad_token_id=ids["<|endoftext|>"]).save_pretrained(

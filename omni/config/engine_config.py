@@ -140,6 +140,10 @@ class StreamConfig:
     """Input tokens (e.g. codec codes) in a request's first output chunk: small, for latency."""
     chunk_size: int = 50
     """Input tokens in each later output chunk."""
+    ramp: tuple[int, ...] = ()
+    """Input tokens in the chunks after the first and before chunk_size takes over, in order
+    (e.g. [4, 8] after a first chunk of 2, then chunk_size 25): first audio after a few codes,
+    fewer decodes later; empty: chunk_size from the second chunk on."""
     left_context: int | None = None
     """Input tokens before a chunk that its decode also sees; null: the adapter's default."""
     look_ahead: int | None = None
@@ -150,6 +154,13 @@ class StreamConfig:
         check_types(self)
         for name in ("first_chunk_size", "chunk_size"):
             require(getattr(self, name) >= 1, self, name, "an integer >= 1")
+        require(all(size >= 1 for size in self.ramp), self, "ramp", "integers >= 1")
+
+    def chunk_tokens(self, index: int) -> int:
+        """Input tokens in chunk `index` of a request (0: the first)."""
+        if index == 0:
+            return self.first_chunk_size
+        return self.ramp[index - 1] if index <= len(self.ramp) else self.chunk_size
         for name in ("left_context", "look_ahead"):
             ok = getattr(self, name) is None or getattr(self, name) >= 0
             require(ok, self, name, "an integer >= 0 or null")

@@ -55,6 +55,9 @@ class RequestState:
     rows: dict[str, list[tuple[Any, int]]] = field(default_factory=dict)
     streamed: dict[str, int] = field(default_factory=dict)  # consumer -> upstream tokens sent
     rows_streamed: dict[str, tuple[int, int]] = field(default_factory=dict)  # (parts, rows) sent
+    # stage -> the residual codes of each token so far (multi-code stages; kept after it finished:
+    # its streaming consumers' last piece needs them)
+    codes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
     audio: dict[str, list[Any]] = field(default_factory=dict)  # stage -> waveform chunks so far
     sample_rate: dict[str, int] = field(default_factory=dict)
     first_audio_s: float | None = None
@@ -66,6 +69,8 @@ class RequestState:
         self.last_progress = time.monotonic()
         if update.new_token_ids:
             self.first_token_s.setdefault(update.stage, self.last_progress - self.added)
+        if update.new_codes:
+            self.codes.setdefault(update.stage, []).extend(update.new_codes)
         if update.rows is not None:
             self.rows.setdefault(update.stage, []).append((update.rows, update.num_rows))
         if update.audio is not None:

@@ -8,13 +8,18 @@ RoutedDelta piece, the last (finish_reason set) sent when the upstream finishes.
 upstream's new tokens and, when the edge needs rows (the upstream runs with step_rows), where its
 new per-token output rows are (DeferredRows: the step-row payloads the upstream reported, the
 last piece its finished result's payload): the consumer fetches them from the producer, the
-driver never holds the rows themselves. `offset` numbers the pieces so the consumer's host
-applies them in order. Edges that do not stream route as before: once every input has finished.
+driver never holds the rows themselves. A multi-code upstream's pieces carry each token's codes
+(tensors["codes"], [tokens, 1 + residual codes], as its finished result). An edge that holds
+tokens back (EdgeStreaming.held_back) sends a token only once that many more have come, or the
+last piece without them. `offset` numbers the pieces so the consumer's host applies them in
+order. Edges that do not stream route as before: once every input has finished.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from omni.config import OmniConfig, StageConfig
 from omni.driver.request_state import RequestState
@@ -100,6 +105,17 @@ class StreamEdges:
         its rows from the payload, after those already sent."""
         root = not self.config.stage(stage).inputs
         token_ids = tracked.tokens.get(stage, []) if finished is None else finished[0].token_ids
+        # The first piece is a result for the input processor, which drops held-back tokens
+        # itself; later pieces leave them out until more follow.
+        end = len(token_ids) if sent == 0 else max(len(token_ids) - spec.held_back, sent)
+        codes = tracked.codes.get(stage)
+        tensors = {}
+        if codes:
+            width = 1 + len(codes[0])
+            tensors["codes"] = torch.tensor(
+                [(t, *c) for t, c in zip(token_ids[sent:end], codes[sent:end], strict=True)],
+                dtype=torch.int64,
+            ).reshape(end - sent, width)
         rows = None
         if spec.needs_rows:
             num_parts, num_rows = tracked.rows_streamed.get(consumer, (0, 0))
@@ -110,14 +126,15 @@ class StreamEdges:
                 rows = DeferredRows(parts=tuple(payload for payload, _ in parts))
                 num_rows += sum(n for _, n in parts)
                 tracked.rows_streamed[consumer] = (num_parts + len(parts), num_rows)
-        tracked.streamed[consumer] = len(token_ids)
+        tracked.streamed[consumer] = max(len(token_ids) - spec.held_back, sent)
         piece = StageResult(
             request_id=tracked.prompt.request_id,
             stage=stage,
             # A root stage's prompt is the request's; a later stage's is not needed by any
             # streaming processor so far, and not known here.
             prompt_token_ids=list(tracked.prompt.prompt_token_ids) if sent == 0 and root else [],
-            token_ids=list(token_ids[sent:]),
+            token_ids=list(token_ids[sent:end]),
             finish_reason=None if finished is None else (finished[0].finish_reason or "stopped"),
+            tensors=tensors,
         )
         return piece, rows

@@ -2,7 +2,8 @@
 
 A streaming request (`Stream`: input_complete=False, its codes arriving as the upstream stage
 generates them) is decoded in chunks: chunk k covers codes [b_k, b_{k+1}), b_0 = 0,
-b_1 = stream.first_chunk_size, later chunks stream.chunk_size long, and is ready once its codes
+b_1 = stream.first_chunk_size, then the stream.ramp sizes, later chunks stream.chunk_size long
+(StreamConfig.chunk_tokens), and is ready once its codes
 and `look_ahead` more have come, or the input is complete (the last chunk takes what is left).
 A step takes each stream's next ready chunk and the oldest whole request (`Work` items), or the
 oldest whole requests where the engine batches them (`max_whole`), up to `engine.max_num_seqs`
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 from omni.config import StageConfig
-from omni.messages import StageInput
+from omni.messages import InputDelta, StageInput
 from omni.runtime.stage_model import ChunkedGenerationModel, GenerationModel
 
 
@@ -43,6 +46,22 @@ class Stream:
     def done(self) -> bool:
         """All of its (complete) input has been decoded."""
         return self.input_complete and self.num_emitted_tokens == len(self.token_ids)
+
+
+def extended_extras(extras: Mapping[str, Any], delta: InputDelta) -> dict[str, Any]:
+    """A stream's extras with the delta's: per-token rows (one per new token, e.g. a codec
+    frame's code groups) appended to the rows of the same name."""
+    out = dict(extras)
+    for key, rows in delta.extras.items():
+        rows = np.asarray(rows)
+        if rows.ndim == 0 or rows.shape[0] != len(delta.new_token_ids):
+            raise ValueError(
+                f"delta extras {key!r}: one row per new token expected "
+                f"({len(delta.new_token_ids)}), got shape {list(rows.shape)}"
+            )
+        before = out.get(key)
+        out[key] = rows if before is None or not len(before) else np.concatenate([before, rows])
+    return out
 
 
 @dataclass(frozen=True)
@@ -119,8 +138,7 @@ class ChunkSchedule:
         num_tokens = len(stream.token_ids)
         index, start, ready = len(stream.chunks), stream.num_emitted_tokens, []
         while start < num_tokens:
-            size = stream_config.first_chunk_size if index == 0 else stream_config.chunk_size
-            end = start + size
+            end = start + stream_config.chunk_tokens(index)
             if end + look_ahead > num_tokens:  # its codes or look-ahead have not all come
                 if not stream.input_complete:
                     break

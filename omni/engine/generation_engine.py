@@ -26,9 +26,10 @@ from typing import Any
 import torch
 
 from omni.config import StageConfig
-from omni.engine.chunk_schedule import ChunkSchedule, Stream, Work
+from omni.engine.chunk_schedule import ChunkSchedule, Stream, Work, extended_extras
 from omni.engine.device import cuda_memory_stats, resolve_device
 from omni.engine.engine import run_until_done
+from omni.engine.generation_stats import GenerationStats
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
 from omni.registry import get_adapter
 from omni.runtime.stage_model import (
@@ -66,11 +67,7 @@ class GenerationEngine:
         max_whole = config.engine.max_num_seqs if self.batch_whole else 1
         self.chunk_schedule = ChunkSchedule(config, model, max_whole)
         self._order = itertools.count()
-        self.num_steps = 0
-        self.num_finished = 0
-        self.num_chunks = 0
-        self.busy_s = 0.0
-        self.audio_s = 0.0  # seconds of audio produced (whole requests and chunks)
+        self.counts = GenerationStats()
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, stage_input: StageInput) -> None:
@@ -100,17 +97,17 @@ class GenerationEngine:
             raise ValueError(f"request {delta.request_id!r} is not streaming in {self.name!r}")
         if stream.input_complete:
             raise ValueError(f"request {delta.request_id!r}: its input is already complete")
-        if delta.extras:
-            raise ValueError(f"request {delta.request_id!r}: {self.name!r} takes no delta extras")
-        if delta.new_token_ids:
+        if delta.new_token_ids or delta.extras:
             token_ids = stream.token_ids + list(delta.new_token_ids)
             try:
-                self.model.check_inputs(
-                    dataclasses.replace(stream.stage_input, prompt_token_ids=token_ids)
+                extras = extended_extras(stream.stage_input.extras, delta)
+                stage_input = dataclasses.replace(
+                    stream.stage_input, prompt_token_ids=token_ids, extras=extras
                 )
+                self.model.check_inputs(stage_input)
             except ValueError as e:
                 raise ValueError(f"request {delta.request_id!r}: {e}") from e
-            stream.token_ids = token_ids
+            stream.token_ids, stream.stage_input = token_ids, stage_input
         stream.input_complete = delta.finished
 
     def abort(self, request_ids: list[str]) -> list[StageResult]:
@@ -150,6 +147,10 @@ class GenerationEngine:
         )
 
     @property
+    def num_steps(self) -> int:
+        return self.counts.num_steps
+
+    @property
     def num_requests(self) -> int:
         return len(self._pending) + len(self._streams)
 
@@ -158,7 +159,7 @@ class GenerationEngine:
         work = self.chunk_schedule.schedule(self._pending, self._streams)
         if not work and not any(s.done for s in self._streams.values()):
             return EngineOutput()
-        self.num_steps += 1
+        self.counts.num_steps += 1
         start = time.perf_counter()
         failed: dict[str, Exception] = {}
         whole = [self._pending.pop(w.request_id) for w in work if w.end == 0]
@@ -168,8 +169,8 @@ class GenerationEngine:
         for request_id in [i for i, s in self._streams.items() if s.done]:
             results.append(self._stream_result(self._streams.pop(request_id), "stopped"))
         finished = [r for r in results if r is not None]
-        self.busy_s += time.perf_counter() - start
-        self.num_finished += len(finished)
+        self.counts.busy_s += time.perf_counter() - start
+        self.counts.num_finished += len(finished)
         return EngineOutput(updates=updates, finished=finished, failed=failed)
 
     def _generate(
@@ -199,8 +200,9 @@ class GenerationEngine:
                 results.append(None)
                 continue
             audio, rate = audio.cpu(), self.model.sample_rate
-            self.audio_s += audio.numel() / rate
+            self.counts.audio_s += audio.numel() / rate
             result = self._result(stage_input, "stopped", arrival)
+            self.counts.first_audio_s.append(result.timings["latency_s"])
             results.append(dataclasses.replace(result, audio=audio, sample_rate=rate))
         return results
 
@@ -241,9 +243,9 @@ class GenerationEngine:
             stream.num_emitted_tokens = w.end
             if stream.first_audio_s is None:
                 stream.first_audio_s = time.perf_counter() - stream.arrival
-            self.num_chunks += 1
+            self.counts.num_chunks += 1
             rate = self.model.sample_rate
-            self.audio_s += audio.numel() / rate
+            self.counts.audio_s += audio.numel() / rate
             update = StageUpdate(w.request_id, self.name, [], 0, audio=audio, sample_rate=rate)
             updates.append(update)
         return updates
@@ -271,21 +273,18 @@ class GenerationEngine:
         result = self._result(stage_input, reason, stream.arrival, **first)
         if reason != "stopped":
             return result
+        self.counts.num_streams_done += 1
+        if stream.first_audio_s is not None:
+            self.counts.first_audio_s.append(stream.first_audio_s)
         audio = torch.cat(stream.chunks) if stream.chunks else torch.zeros(0)
         return dataclasses.replace(result, audio=audio, sample_rate=self.model.sample_rate)
 
     def stats(self) -> dict[str, Any]:
         return {
             "stage": self.name,
-            "steps": self.num_steps,
-            "finished": self.num_finished,
+            **self.counts.as_dict(),
             "pending": self.num_requests,
             "streaming": len(self._streams),
-            "chunks": self.num_chunks,
-            "busy_s": self.busy_s,
-            "audio_s": self.audio_s,
-            # Real-time factor: compute time per second of audio (< 1: faster than real time).
-            "rtf": self.busy_s / self.audio_s if self.audio_s else None,
             "device": str(self.device),
             "dtype": "float32",
             # No KV or output cache here: on the CPU nothing is held between requests.

@@ -120,6 +120,7 @@ class StageEngine:
         # After warm-up, so that the graphs return every output.
         self.runner.capture_decode_graphs(required=engine.cuda_graphs is True)
         self.num_steps = 0
+        self.busy_s = 0.0  # time in step(): this stage's share of the pipeline's compute
         if self.output_cache is not None:
             self.output_cache.step = 1  # the number of the step about to run
         self._arrival: dict[str, float] = {}
@@ -223,9 +224,11 @@ class StageEngine:
 
     # ---- the loop -----------------------------------------------------------------------------
     def step(self) -> EngineOutput:
+        start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
-        runner_output = self.runner.execute(scheduler_output)
-        return self.update(scheduler_output, runner_output)
+        output = self.update(scheduler_output, self.runner.execute(scheduler_output))
+        self.busy_s += time.perf_counter() - start
+        return output
 
     def update(
         self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
@@ -235,14 +238,17 @@ class StageEngine:
         appended: list[Request] = []  # the requests that got a token, one each
         finished = self.scheduler.update_from_output(scheduler_output, runner_output, appended)
         name = self.name
-        if self.rows.any_step_rows:
-            new_rows = self.rows.new_rows
-            step_rows = [new_rows(r) for r in appended]
-        else:
-            step_rows = [{} for _ in appended]
+        new_rows = self.rows.new_rows if self.rows.any_step_rows else None
+        step_rows = [new_rows(r) if new_rows else {} for r in appended]
         updates = [
             StageUpdate(
-                r.request_id, name, [r.output_token_ids[-1]], max(r.num_cached_tokens, 0), t
+                r.request_id,
+                name,
+                [r.output_token_ids[-1]],
+                max(r.num_cached_tokens, 0),
+                t,
+                # a multi-code stage: the token's residual codes, appended with it
+                new_codes=[r.output_codes[-1]] if r.output_codes else [],
             )
             for r, t in zip(appended, step_rows, strict=True)
         ]
@@ -250,13 +256,8 @@ class StageEngine:
         for request in finished:
             tensors = self.rows.finish(request)
             if request.output_codes:  # a multi-code stage: each token with its residual codes
-                tensors["codes"] = torch.tensor(
-                    [
-                        (t, *c)
-                        for t, c in zip(request.output_token_ids, request.output_codes, strict=True)
-                    ],
-                    dtype=torch.int64,
-                )
+                pairs = zip(request.output_token_ids, request.output_codes, strict=True)
+                tensors["codes"] = torch.tensor([(t, *c) for t, c in pairs], dtype=torch.int64)
             results.append(self._result(request, tensors=tensors))
             self.scheduler.release(request)
         self.runner.release([request.request_id for request in finished])
@@ -284,6 +285,7 @@ class StageEngine:
         return {
             "stage": self.name,
             "steps": self.num_steps,
+            "busy_s": self.busy_s,
             **{f"kv_{k}": v for k, v in self.kv.stats.as_dict().items()},
             "kv_evictions": self.kv.pool.num_evictions,
             "kv_blocks_in_use": self.kv.num_blocks - self.kv.num_free_blocks,

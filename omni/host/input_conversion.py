@@ -28,7 +28,7 @@ from omni.messages import (
     StageInput,
     StageResult,
 )
-from omni.registry import get_delta_processor
+from omni.registry import get_delta_processor, get_edge_streaming
 
 Processor = Callable[[dict[str, StageResult], PromptInput], StageInput]
 """An edge's input processor: upstream stage results + the original prompt -> this stage's input."""
@@ -101,7 +101,11 @@ class InputConversion:
                 f"{item.request_id!r}: {type(e).__name__}: {e}"
             ) from e
         if not item.input_complete:
-            self._offsets[item.request_id] = len(next(iter(upstream.values())).token_ids)
+            # The pieces go on from the first token the edge held back (EdgeStreaming).
+            spec = get_edge_streaming(self.config.input_processor)
+            held_back = spec.held_back if spec is not None else 0
+            num_tokens = len(next(iter(upstream.values())).token_ids)
+            self._offsets[item.request_id] = num_tokens - held_back
         # The router owns the request id, the per-stage sampling and streaming; the processor
         # the rest.
         return dataclasses.replace(

@@ -17,6 +17,20 @@ convolution runs its native kernel for a batch of one under 20480 input elements
 otherwise, and oneDNN's transposed convolution blocks the time axis by its length, so the batch
 size and the padding both change the summation order (rows of equal length differ too: it is not
 the padding's values). Hence batching is on by default only on CUDA.
+
+Streaming (`decode_chunks`, a request whose codes still arrive): chunk [start, end) of frames is
+decoded from the window [start - left_context, end) and keeps the window's LAST
+(end - start) * samples_per_frame samples (a first chunk: all of them). One decode of W frames
+returns W * samples_per_frame - trim samples (the causal transposed convolutions drop `trim` at
+the right edge: 555 for the real model), so the samples a window keeps are exactly the absolute
+samples [start * spf - trim, end * spf - trim) and a request's chunks join to
+frames * spf - trim, the whole decode's length. Cutting `left_context * spf` off the window's
+left instead loses `trim` samples at every boundary (a 23 ms gap at 24 kHz). A window needs at
+least ceil(trim / spf) frames of left context to hold them; more left context brings its samples
+closer to the whole decode's (the sliding-window attention and the convolutions see less of the
+past at a window's start; docs/streaming.md measures the bound). The model is causal: look-ahead
+codes add nothing, so windows end at the chunk. All jobs of a step are one [B, groups, W] batch,
+right-padded (causality keeps each row's samples its own).
 """
 
 from __future__ import annotations
@@ -31,7 +45,12 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from omni.messages import StageInput
-from omni.runtime.stage_model import BatchedGenerationModel, StageModelBase
+from omni.runtime.stage_model import (
+    BatchedGenerationModel,
+    ChunkedGenerationModel,
+    ChunkJob,
+    StageModelBase,
+)
 from stages.qwen2_5_omni.part_loader import load_part
 
 SAMPLE_RATE = 24000
@@ -66,6 +85,55 @@ class Qwen3OmniCode2WavAdapter(StageModelBase):
         self.num_code_groups = config.num_quantizers
         self.codebook_size = config.codebook_size
         self.samples_per_frame = int(self.model.total_upsample)
+        self.trim = self._measure_trim()
+        # Left context a chunk after the first needs: the frames whose samples fill its first
+        # `trim` samples.
+        self.min_left_context = -(-self.trim // self.samples_per_frame)
+
+    @torch.inference_mode()
+    def _measure_trim(self) -> int:
+        """Samples a decode of W frames returns short of W * samples_per_frame, measured (the
+        same for every W; checked on two)."""
+        trims = set()
+        for num_frames in (8, 9):
+            codes = torch.zeros(1, self.num_code_groups, num_frames, dtype=torch.long)
+            samples = self.model(codes.to(self.device)).shape[-1]
+            trims.add(num_frames * self.samples_per_frame - samples)
+        if len(trims) != 1:
+            raise ValueError(f"code2wav output length is not frames * upsampling - trim: {trims}")
+        return trims.pop()
+
+    def chunk_defaults(self) -> tuple[int, int]:
+        """(left_context, look_ahead): transformers' own chunked_decode context; causal, so none
+        ahead."""
+        return LEFT_CONTEXT, 0
+
+    @torch.inference_mode()
+    def decode_chunks(self, jobs: list[ChunkJob]) -> list[torch.Tensor]:
+        """Each job's chunk, decoded as one batch: the window's last (end - start) * spf samples
+        (a first chunk: all its end * spf - trim), so a request's chunks join to its whole
+        decode's length, frames * spf - trim."""
+        spf = self.samples_per_frame
+        windows = []
+        for job in jobs:
+            codes = np.asarray(job.extras.get("codes", np.zeros((0, 0))), np.int64)
+            if not 0 <= job.start < job.end <= len(codes):
+                raise ValueError(f"chunk [{job.start}, {job.end}) outside {len(codes)} frames")
+            first = max(job.start - max(job.left_context, self.min_left_context), 0)
+            windows.append((codes[first : job.end], first))
+        longest = max(len(window) for window, _ in windows)
+        batch = torch.zeros(len(jobs), self.num_code_groups, longest, dtype=torch.long)
+        for row, (window, _) in enumerate(windows):
+            batch[row, :, : len(window)] = torch.from_numpy(window).T
+        wav = self.model(batch.to(self.device))
+        out = []
+        for row, ((_, first), job) in enumerate(zip(windows, jobs, strict=True)):
+            # The window's samples are the absolute samples from first * spf on (causal and
+            # shift-equivariant); the chunk's are [start * spf - trim, end * spf - trim).
+            low = max(job.start * spf - self.trim, 0) - first * spf
+            high = max(job.end * spf - self.trim, 0) - first * spf
+            out.append(wav[row, 0, low : max(high, low)].float().cpu())
+        return out
 
     def check_inputs(self, stage_input: StageInput) -> None:
         codes = np.asarray(stage_input.extras.get("codes", np.zeros((0, self.num_code_groups))))
@@ -75,6 +143,11 @@ class Qwen3OmniCode2WavAdapter(StageModelBase):
             )
         if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
             raise ValueError(f"codes must lie in [0, {self.codebook_size}), got {codes.max()}")
+        if codes.size and codes.shape[0] != len(stage_input.prompt_token_ids):
+            raise ValueError(
+                f"{codes.shape[0]} code rows for {len(stage_input.prompt_token_ids)} frames "
+                f"(prompt_token_ids: each frame's layer-0 code)"
+            )
 
     def generate(self, stage_input: StageInput, seed: int) -> torch.Tensor:
         """The request's waveform (code2wav draws no noise: `seed` is unused)."""
@@ -112,3 +185,4 @@ class Qwen3OmniCode2WavAdapter(StageModelBase):
 
 if TYPE_CHECKING:
     _CONTRACT: type[BatchedGenerationModel] = Qwen3OmniCode2WavAdapter
+    _CHUNKED: type[ChunkedGenerationModel] = Qwen3OmniCode2WavAdapter

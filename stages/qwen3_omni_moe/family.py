@@ -2,9 +2,14 @@
 -> code2wav (a 24 kHz waveform), three stages on one checkpoint (stage_configs/
 qwen3_omni_moe.yaml). docs/qwen3_omni.md."""
 
-from omni.family import AdapterSpec, EdgeSpec, ModelFamily
+from omni.family import AdapterSpec, EdgeSpec, EdgeStreaming, ModelFamily
 
 _PACKAGE = "stages.qwen3_omni_moe"
+# The talker starts once the thinker has 2 tokens (its prompt ends with g_0's embedding row) and
+# takes the thinker's embedding rows as they come; code2wav starts on the talker's first frame
+# once a second exists: the latest frame is held back (never decoded if it is the last).
+_THINKER_STREAM = EdgeStreaming(2, True, f"{_PACKAGE}.input_processors:thinker_delta")
+_TALKER_STREAM = EdgeStreaming(2, False, f"{_PACKAGE}.input_processors:talker_delta", held_back=1)
 
 FAMILY = ModelFamily(
     name="qwen3_omni_moe",
@@ -34,9 +39,16 @@ FAMILY = ModelFamily(
         ),
     ),
     edges=(
-        # Streaming is the next issue: both edges need the finished upstream (stream=None).
-        EdgeSpec("qwen3_thinker_to_talker", f"{_PACKAGE}.input_processors:thinker_to_talker"),
-        EdgeSpec("qwen3_talker_to_code2wav", f"{_PACKAGE}.input_processors:talker_to_code2wav"),
+        EdgeSpec(
+            "qwen3_thinker_to_talker",
+            f"{_PACKAGE}.input_processors:thinker_to_talker",
+            _THINKER_STREAM,
+        ),
+        EdgeSpec(
+            "qwen3_talker_to_code2wav",
+            f"{_PACKAGE}.input_processors:talker_to_code2wav",
+            _TALKER_STREAM,
+        ),
     ),
     prompt_processor=f"{_PACKAGE}.prompt_processor:Qwen3OmniPromptProcessor",
     model_types=("qwen3_omni_moe",),

@@ -25,6 +25,15 @@ the generation key is unique to the request (generated blocks serve only its own
 
 talker_to_code2wav -> code2wav: extras["codes"] = the talker's tensors["codes"] without its last
 row (generate never decodes the last frame: codec EOS, or the frame cut by max tokens).
+
+Streaming (stage config `stream.enabled`; how each edge streams: family.py). The talker starts
+once the thinker has 2 tokens: its prompt needs the thinker's prompt rows and g_0's embedding row
+(row P, computed when g_0 is fed); thinker_delta passes each later embedding-layer row on (the
+reply is text: the talker reads no other layer of it), and decode position P + j runs once
+trailing row j has come (talker_inputs.py). code2wav starts once the talker has 2 frames: the
+edge holds the talker's latest frame back (EdgeStreaming.held_back 1), since whether a frame is
+decoded depends on whether another follows it; talker_delta passes the rest on with every code
+group (the talker's updates carry them, StageUpdate.new_codes).
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from omni.core.request import MultiModalInput
-from omni.messages import PromptInput, StageInput, StageResult
+from omni.messages import InputDelta, PromptInput, StageInput, StageResult
 from stages.qwen2_5_omni.input_processors import _mm_extras, _only
 from stages.qwen3_omni_moe.talker import speaker_key
 
@@ -97,12 +106,24 @@ def thinker_to_talker(upstream: dict[str, StageResult], request: PromptInput) ->
             "user_is_mm": is_mm,
             "assistant_rows": embeds[start:],
             "talker_input_ids": user_ids + [pad] * 9,
+            "thinker_finished": thinker.finished,
             "speaker": speaker,
             "repetition_penalty": float(
                 extras.get("talker_repetition_penalty", REPETITION_PENALTY)
             ),
             **_mm_extras(request),
         },
+    )
+
+
+def thinker_delta(piece: StageResult) -> InputDelta:
+    """The thinker's next reply rows for a streaming talker request: their embedding-layer rows
+    (the trailing text rows) only."""
+    rows = piece.tensors.get("inputs_embeds")
+    return InputDelta(
+        piece.request_id,
+        extras={} if rows is None else {"reply_rows": rows},
+        finished=piece.finished,
     )
 
 
@@ -131,4 +152,21 @@ def talker_to_code2wav(upstream: dict[str, StageResult], request: PromptInput) -
         prompt_token_ids=frames[:, 0].tolist() if frames.size else [],
         cache_salt=request.cache_salt,
         extras={"codes": frames},
+    )
+
+
+def talker_delta(piece: StageResult) -> InputDelta:
+    """The talker's next frames for a streaming code2wav request (the edge held its latest one
+    back: those here are all decoded), every code group in extras["codes"] [n, groups]."""
+    codes = piece.tensors.get("codes")
+    if not piece.token_ids:
+        return InputDelta(piece.request_id, finished=piece.finished)
+    frames = np.asarray(codes, np.int64)
+    if frames.shape[0] != len(piece.token_ids):
+        raise ValueError(f"talker piece: {len(piece.token_ids)} tokens, {len(frames)} code rows")
+    return InputDelta(
+        piece.request_id,
+        new_token_ids=list(piece.token_ids),
+        extras={"codes": frames},
+        finished=piece.finished,
     )

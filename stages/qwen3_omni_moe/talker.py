@@ -27,7 +27,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from omni.core.sampling_params import SamplingParams
-from omni.messages import StageInput
+from omni.messages import InputDelta, StageInput
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
 from omni.runtime.sampler import Sampler
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, StageModelBase
@@ -128,6 +128,16 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         for request_id in request_ids:
             self._states.pop(request_id, None)
             self._seen.release(request_id)
+
+    def input_limit(self, request_id: str) -> int | None:
+        return self._states[request_id].input_limit
+
+    def extend_inputs(self, request_id: str, delta: InputDelta) -> int | None:
+        """The thinker's next embedding-layer rows (input_processors.thinker_delta): the decode
+        positions they feed can run; once it has finished, every later one can."""
+        state = self._states[request_id]
+        state.extend(self.talker, delta.extras.get("reply_rows"), delta.finished)
+        return state.input_limit
 
     # ---- model ----------------------------------------------------------------------------------
     def forward(self, inputs: ModelInputs) -> ModelOutputs:

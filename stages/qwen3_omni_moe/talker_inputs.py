@@ -12,6 +12,14 @@ Decode position P + j (feeding frame j: layer-0 code c0 and residual codes c1..c
     codec_embedding(c0) + sum_g predictor.codec_embedding[g - 1](c_g) + trailing(j)
 where trailing(j) is text_projection of reply token j + 1 while there is one, then tts_eos, then
 tts_pad: the thinker's last token is never spoken, as in generate.
+
+Streaming (the thinker still generating: extras "thinker_finished" False): the state starts with
+the trailing rows known so far and `extend` appends the rest as the thinker's embedding rows
+arrive (then tts_eos once it has finished), so decode position P + j waits for trailing(j)
+instead of guessing it (`input_limit`). Rows are projected at least MIN_PROJECTED_ROWS at a time
+(padded with zero rows): CPU sgemm with one thread gives a row the same bits in any product of 4
+or more rows, not in smaller ones (measured), and the unstreamed path projects the whole assistant
+segment (at least 4 rows) in one product, so both paths feed the same bits.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import torch
 
 from stages.qwen3_omni_moe.rope import rope_index
 
+MIN_PROJECTED_ROWS = 4  # a row's text_projection bits are the same in any product of >= 4 rows
+
 
 @dataclass
 class TalkerRequestState:
@@ -35,14 +45,45 @@ class TalkerRequestState:
     delta: int  # decode position t feeds rope position t + delta
     repetition_penalty: float
     silent: bool  # the thinker gave no reply to speak: the first code is codec EOS
+    eos: torch.Tensor | None = None  # [H] text_projection(tts_eos), until the thinker finished
 
     @property
     def prompt_len(self) -> int:
         return self.prompt_embeds.shape[0]
 
+    @property
+    def input_limit(self) -> int | None:
+        """Positions whose inputs are known: all once the thinker has finished (eos is None);
+        before, the prompt and one decode position per trailing row that has come."""
+        return None if self.eos is None else self.prompt_len + self.trailing.shape[0]
+
+    def extend(self, talker: Any, rows: torch.Tensor | None, finished: bool) -> None:
+        """The thinker's next embedding-layer rows [n, D] (its next reply tokens), and whether
+        it has finished (tts_eos then follows them)."""
+        if self.eos is None:
+            raise ValueError("the talker's thinker input is already complete")
+        parts = [self.trailing]
+        if rows is not None and len(rows):
+            parts.append(project(talker, rows))
+        if finished:
+            parts.append(self.eos[None])
+            self.eos = None
+        self.trailing = torch.cat(parts)
+
 
 def _tensor(value: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.as_tensor(np.asarray(value)).to(device=device, dtype=dtype)
+
+
+def project(talker: Any, rows: Any) -> torch.Tensor:
+    """text_projection of thinker rows [n, D], in a product of at least MIN_PROJECTED_ROWS rows."""
+    param = talker.codec_head.weight
+    rows = _tensor(rows, param.device, param.dtype)
+    num = rows.shape[0]
+    if num < MIN_PROJECTED_ROWS:
+        rows = torch.cat([rows, rows.new_zeros(MIN_PROJECTED_ROWS - num, rows.shape[1])])
+    with torch.no_grad():
+        return talker.text_projection(rows[None])[0, :num]
 
 
 def build_state(
@@ -72,7 +113,7 @@ def build_state(
         if bool(is_mm.any()):
             user_part[is_mm] = talker.hidden_projection(user[is_mm])
         user_part[~is_mm] = talker.text_projection(user[~is_mm])
-        reply = talker.text_projection(_tensor(extras["assistant_rows"], device, dtype)[None])[0]
+        reply = project(talker, extras["assistant_rows"])
         text = torch.cat([reply[:3], pad.expand(4, -1), bos[None], reply[3:4]])
         speaker = speaker_ids[extras["speaker"]]
         codec_ids = [config.codec_nothink_id, config.codec_think_bos_id, config.codec_think_eos_id,
@@ -80,12 +121,14 @@ def build_state(
         codec = talker.get_input_embeddings()(torch.tensor(codec_ids, device=device))
         codec = torch.cat([torch.zeros(3, codec.shape[1], device=device, dtype=dtype), codec])
         assistant = text + codec
-        trailing = torch.cat([reply[4:], eos[None]])
+        finished = bool(extras.get("thinker_finished", True))
+        trailing = torch.cat([reply[4:], eos[None]]) if finished else reply[4:]
     positions, delta = None, 0
     if any(extras.get(k) is not None for k in ("image_grid_thw", "audio_feature_lengths")):
         positions, delta = rope_index(talker, extras["talker_input_ids"], extras)
     prompt = torch.cat([user_part, assistant])
-    return TalkerRequestState(prompt, trailing, pad, positions, delta, penalty, False)
+    return TalkerRequestState(prompt, trailing, pad, positions, delta, penalty, False,
+                              None if finished else eos)  # fmt: skip
 
 
 def check_extras(extras: Mapping[str, Any]) -> None:

@@ -109,3 +109,32 @@ def test_second_turn_reports_cached_tokens(running):
               {"role": "user", "content": "and the mountains?"}]  # fmt: skip
     out = _chat(client, second, "ethan")
     assert out.usage.prompt_tokens_details.cached_tokens >= 16
+
+
+def test_streamed_chat_audio_and_speech(running):
+    """Streamed chat sends pcm16 `delta.audio` pieces as code2wav decodes its chunks; joined,
+    they are the streaming path's waveform (`Omni.generate(stream_audio=True)`), which has the
+    whole decode's length. Streamed raw pcm speech has the length of the unstreamed pcm."""
+    client, reference = running
+    prompt = chat_prompt(reference.async_omni.prompt_processor, MESSAGES)
+    (ref,) = reference.generate([prompt | {"speaker": "ethan"}], PARAMS, use_tqdm=False,
+                                stream_audio=True)  # fmt: skip
+    (exact,) = reference.generate([prompt | {"speaker": "ethan"}], PARAMS, use_tqdm=False)
+    stream = client.chat.completions.create(
+        model=NAME, messages=MESSAGES, max_tokens=THINKER, modalities=["text", "audio"],
+        audio={"voice": "ethan", "format": "pcm16"}, extra_body=EXTRA, stream=True,
+    )  # fmt: skip
+    pieces = [base64.b64decode(c.choices[0].delta.audio.data) for c in stream
+              if c.choices and getattr(c.choices[0].delta.audio, "data", None)]  # fmt: skip
+    assert len(pieces) >= 2  # 11 frames: chunks of 2, 4, 5
+    streamed = np.frombuffer(b"".join(pieces), "<i2").astype(np.int32)
+    expected = pcm16(ref.final.audio).astype(np.int32)
+    assert len(streamed) == len(expected) == len(exact.final.audio) > 0
+    assert np.abs(streamed - expected).max() <= 1
+    body = {"model": NAME, "input": "hello there", "voice": "ethan", "response_format": "pcm"}
+    whole = client.audio.speech.create(**body).read()
+    with client.audio.speech.with_streaming_response.create(
+        **body, extra_body={"stream_format": "audio"}
+    ) as response:
+        raw = response.read()
+    assert len(raw) == len(whole) > 0

@@ -23,6 +23,12 @@ _STAGE_GAUGES = {
     "output_hit_rows": "stage-output cache: rows served from the cache (total)",
     "num_requests": "requests in the stage now",
     "kv_blocks_in_use": "KV cache blocks in use now",
+    "chunks": "vocoder: audio chunks decoded (total)",
+    "chunks_per_request": "vocoder: chunks per streamed request",
+    "audio_s": "vocoder: seconds of audio produced (total)",
+    "rtf": "vocoder: compute seconds per second of audio",
+    "first_audio_s_p50": "vocoder: arrival in the stage to first audio, p50 of recent requests",
+    "first_audio_s_p99": "vocoder: arrival in the stage to first audio, p99 of recent requests",
 }
 
 
