@@ -106,13 +106,48 @@ def turn(events: list[dict[str, Any]]) -> Turn:
     return Turn(text, np.frombuffer(audio, "<i2"), events[-1]["response"])
 
 
-async def reference_turn(async_omni: Any, messages: list[dict], max_tokens: int, audio: bool):
-    """AsyncOmni.generate on the conversation's chat prompt with the stage configs' sampling and
-    the thinker's max_tokens, as the endpoint runs it (audio: the streaming path; text: ending
-    at the thinker): (text, int16 audio or None, prompt length, cached prompt tokens)."""
+def user(*parts: str | np.ndarray) -> dict[str, Any]:
+    """A user chat message of text parts and spoken parts (int16 samples, as 24 kHz WAVs)."""
+    content = [{"type": "text", "text": p} if isinstance(p, str) else wav_part(p) for p in parts]
+    return {"role": "user", "content": content}
+
+
+async def say(conn: Any, text: str, **response: Any) -> None:
+    """A typed user turn, then response.create (with `response` settings, if any)."""
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    await conn.conversation.item.create(item=item)
+    await until(conn, "conversation.item.done")
+    await conn.response.create(response=response or None)
+
+
+def check(got: Turn, ref: tuple[str, np.ndarray | None, int]) -> None:
+    """A turn equals its reference: text exactly, the prompt length, audio within one int16
+    step (two processes round the same floats)."""
+    text, audio, num_prompt = ref
+    assert got.text == text
+    assert got.done["usage"]["input_tokens"] == num_prompt
+    if audio is not None:
+        assert got.audio.size == audio.size > 0
+        assert np.abs(got.audio.astype(np.int32) - audio.astype(np.int32)).max() <= 1
+
+
+async def reference_turn(
+    async_omni: Any,
+    messages: list[dict],
+    max_tokens: int,
+    audio: bool,
+    speaker: str | None = None,
+):
+    """AsyncOmni.generate on the conversation's chat prompt (framed by the pipeline's prompt
+    processor, as the endpoint frames it; `speaker`: the voice, None for the model's default)
+    with the stage configs' sampling and the thinker's max_tokens, as the endpoint runs it
+    (audio: the streaming path; text: ending at the thinker): (text, int16 audio or None,
+    prompt length)."""
     from omni.entrypoints.openai.prompts import chat_prompt
 
-    prompt = chat_prompt(async_omni.prompt_processor.tokenizer, messages)
+    prompt = chat_prompt(async_omni.prompt_processor, messages)
+    if speaker is not None:
+        prompt["speaker"] = speaker
     params = [
         dataclasses.replace(s.sampling, max_tokens=max_tokens)
         if s.name == "thinker"

@@ -28,12 +28,14 @@ from realtime_support import (
     NO_VAD,
     append,
     b64,
+    check,
     reference_turn,
+    say,
     silence,
     speech,
     turn,
     until,
-    wav_part,
+    user,
 )
 from server_support import KEY, LM_NAME, OMNI_NAME
 
@@ -87,27 +89,6 @@ def _connect(server, model=OMNI_NAME, key=KEY):
     return client.realtime.connect(model=model)
 
 
-def _user(*parts) -> dict:
-    content = [{"type": "text", "text": p} if isinstance(p, str) else wav_part(p) for p in parts]
-    return {"role": "user", "content": content}
-
-
-async def _say(conn, text: str, **response) -> None:
-    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-    await conn.conversation.item.create(item=item)
-    await until(conn, "conversation.item.done")
-    await conn.response.create(response=response or None)
-
-
-def _check(got, ref) -> None:
-    text, audio, num_prompt = ref
-    assert got.text == text
-    assert got.done["usage"]["input_tokens"] == num_prompt
-    if audio is not None:
-        assert got.audio.size == audio.size > 0
-        assert np.abs(got.audio.astype(np.int32) - audio.astype(np.int32)).max() <= 1
-
-
 def _engine_idle(server, timeout: float = IDLE_S) -> None:
     """Waits until no request runs and no KV block is held in any stage (blocks freed)."""
     deadline = time.monotonic() + timeout
@@ -137,10 +118,10 @@ def test_typed_spoken_and_text_turns_equal_async_omni(servers):
             assert created["audio"]["input"]["turn_detection"]["type"] == "server_vad"
             await conn.session.update(session={**NO_VAD, "max_output_tokens": 6})
             assert (await until(conn, "session.updated"))[-1]["session"]["max_output_tokens"] == 6
-            messages = [_user("Hello there")]
-            await _say(conn, "Hello there")
+            messages = [user("Hello there")]
+            await say(conn, "Hello there")
             first = turn(await until(conn, "response.done"))
-            _check(first, await reference_turn(async_omni, messages, 6, audio=True))
+            check(first, await reference_turn(async_omni, messages, 6, audio=True))
             messages.append({"role": "assistant", "content": first.text})
 
             voice = speech(1.0)
@@ -152,16 +133,16 @@ def test_typed_spoken_and_text_turns_equal_async_omni(servers):
             assert events[-1]["item"]["content"][0]["type"] == "input_audio"
             await conn.response.create()
             second = turn(await until(conn, "response.done"))
-            messages.append(_user(voice))
-            _check(second, await reference_turn(async_omni, messages, 6, audio=True))
+            messages.append(user(voice))
+            check(second, await reference_turn(async_omni, messages, 6, audio=True))
             messages.append({"role": "assistant", "content": second.text})
 
-            await _say(conn, "And now?", output_modalities=["text"])
+            await say(conn, "And now?", output_modalities=["text"])
             events = await until(conn, "response.done")
             assert not any("audio" in e["type"] for e in events)
             third = turn(events)
-            messages.append(_user("And now?"))
-            _check(third, await reference_turn(async_omni, messages, 6, audio=False))
+            messages.append(user("And now?"))
+            check(third, await reference_turn(async_omni, messages, 6, audio=False))
             cached = [
                 t.done["usage"]["input_token_details"]["cached_tokens"] for t in (second, third)
             ]
@@ -205,10 +186,10 @@ def test_server_vad_commits_and_responds(servers):
             assert 1800 + 300 <= stopped["audio_end_ms"] <= 1800 + 300 + 320, stopped
             spoken = audio[started["audio_start_ms"] * 24 : stopped["audio_end_ms"] * 24]
             got = turn(events)
-            return got, await reference_turn(async_omni, [_user(spoken)], 4, audio=False)
+            return got, await reference_turn(async_omni, [user(spoken)], 4, audio=False)
 
     got, ref = asyncio.run(go())
-    _check(got, ref)
+    check(got, ref)
 
 
 def test_barge_in_cancels_the_response_and_the_next_is_correct(servers):
@@ -226,7 +207,7 @@ def test_barge_in_cancels_the_response_and_the_next_is_correct(servers):
                 session={**session, "audio": {"input": {"turn_detection": vad}}}
             )
             await until(conn, "session.updated")
-            await _say(conn, "Tell me a long story")
+            await say(conn, "Tell me a long story")
             events = await until(conn, "response.output_audio_transcript.delta")
             await append(conn, interruption)
             events += await until(conn, "response.done")
@@ -249,9 +230,9 @@ def test_barge_in_cancels_the_response_and_the_next_is_correct(servers):
     cut, after, start, stop = asyncio.run(go())
     # the interruption is the session's only audio: its positions are the session's
     heard = interruption[start["audio_start_ms"] * 24 : stop["audio_end_ms"] * 24]
-    messages = [_user("Tell me a long story"), {"role": "assistant", "content": cut.text}]
-    ref = asyncio.run(reference_turn(async_omni, [*messages, _user(heard)], 5, audio=False))
-    _check(after, ref)
+    messages = [user("Tell me a long story"), {"role": "assistant", "content": cut.text}]
+    ref = asyncio.run(reference_turn(async_omni, [*messages, user(heard)], 5, audio=False))
+    check(after, ref)
 
 
 def test_response_cancel_and_disconnect_free_the_engine(servers):
@@ -261,7 +242,7 @@ def test_response_cancel_and_disconnect_free_the_engine(servers):
         async with _connect(omni) as conn:
             await conn.session.update(session={**NO_VAD, "max_output_tokens": LONG})
             await until(conn, "session.updated")
-            await _say(conn, "Count to a thousand", output_modalities=["text"])
+            await say(conn, "Count to a thousand", output_modalities=["text"])
             await until(conn, "response.output_text.delta")
             await conn.response.cancel()
             done = (await until(conn, "response.done"))[-1]["response"]
@@ -298,7 +279,7 @@ def test_bad_events_are_errors_and_the_connection_stays_usable(servers):
             session = (await until(conn, "session.updated"))[-1]["session"]
             assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
             assert session["audio"]["output"]["voice"] is None
-            await _say(conn, "hi", output_modalities=["text"])
+            await say(conn, "hi", output_modalities=["text"])
             done = (await until(conn, "response.done"))[-1]["response"]
             assert done["usage"]["output_tokens"] <= 2
             await conn.response.create(response={"max_output_tokens": LONG})
@@ -332,20 +313,20 @@ def test_eight_concurrent_connections(servers):
         async with _connect(omni) as conn:
             await conn.session.update(session={**NO_VAD, "max_output_tokens": 5})
             await until(conn, "session.updated")
-            await _say(conn, text, output_modalities=["text"])
+            await say(conn, text, output_modalities=["text"])
             return turn(await until(conn, "response.done"))
 
     async def go():
         got = await asyncio.gather(*(one(t) for t in texts))
         refs = await asyncio.gather(
-            *(reference_turn(async_omni, [_user(t)], 5, audio=False) for t in texts)
+            *(reference_turn(async_omni, [user(t)], 5, audio=False) for t in texts)
         )
         return got, refs
 
     got, refs = asyncio.run(go())
     assert len({r[0] for r in refs}) > 1  # different answers: a mix-up would show
     for g, r in zip(got, refs, strict=True):
-        _check(g, r)
+        check(g, r)
 
 
 def test_text_only_pipeline(servers):
@@ -364,7 +345,7 @@ def test_text_only_pipeline(servers):
             await conn.input_audio_buffer.append(audio=b64(speech(0.2)))
             error = (await until(conn, "error"))[-1]["error"]
             assert (error["param"], error["code"]) == ("audio", "unsupported_value")
-            await _say(conn, "Hello there", output_modalities=["audio"])
+            await say(conn, "Hello there", output_modalities=["audio"])
             error = (await until(conn, "error"))[-1]["error"]
             assert error["param"] == "response.output_modalities"
             await conn.session.update(session={**NO_VAD, "max_output_tokens": 6})
@@ -375,7 +356,7 @@ def test_text_only_pipeline(servers):
     got = asyncio.run(go())
     client = openai.OpenAI(base_url=lm.base_url + "/v1", api_key="unused", max_retries=0)
     chat = client.chat.completions.create(
-        model=LM_NAME, messages=[_user("Hello there")], max_tokens=6
+        model=LM_NAME, messages=[user("Hello there")], max_tokens=6
     )
     assert got.text == chat.choices[0].message.content
     assert got.done["usage"]["input_tokens"] == chat.usage.prompt_tokens
