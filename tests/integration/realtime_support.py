@@ -9,6 +9,7 @@ syllable-rate loudness envelope (measured: above 0.5 in 96% of its 32 ms windows
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import io
@@ -20,6 +21,7 @@ import numpy as np
 from omni.entrypoints.openai.audio_encoding import pcm16
 
 RATE = 24000
+EVENT_TIMEOUT_S = 60.0  # a missing event fails the test naming it, instead of hanging
 NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 """A session.update turning server VAD off (turns end at input_audio_buffer.commit)."""
 VOWELS = np.array(
@@ -70,11 +72,20 @@ async def append(conn: Any, samples: np.ndarray, chunk_s: float = 0.1) -> None:
         await conn.input_audio_buffer.append(audio=b64(samples[start : start + step]))
 
 
-async def until(conn: Any, kind: str, allow_errors: bool = False) -> list[Any]:
-    """Events (as dicts) up to and including the first of type `kind`."""
-    out = []
+async def until(
+    conn: Any, kind: str, allow_errors: bool = False, timeout_s: float = EVENT_TIMEOUT_S
+) -> list[Any]:
+    """Events (as dicts) up to and including the first of type `kind`; an AssertionError naming
+    `kind` and the events so far when none comes within timeout_s of the previous one."""
+    out: list[Any] = []
     while True:
-        event = (await conn.recv()).model_dump()
+        try:
+            event = (await asyncio.wait_for(conn.recv(), timeout_s)).model_dump()
+        except TimeoutError:
+            seen = [e["type"] for e in out]
+            raise AssertionError(
+                f"no {kind!r} within {timeout_s} s; events so far: {seen}"
+            ) from None
         out.append(event)
         if event["type"] == "error" and not allow_errors and kind != "error":
             raise AssertionError(f"unexpected error event: {event}")
