@@ -87,7 +87,9 @@ from gpu_checkpoints import decoder_checkpoint, omni_checkpoint  # noqa: E402
 from gpu_decode import decode_section  # noqa: E402
 from gpu_decode_report import report_decode  # noqa: E402
 from gpu_decoder import prefix_pass, steps_section  # noqa: E402
+from gpu_family import FAMILIES, layout_name  # noqa: E402
 from gpu_omni import hf_section, omni_section  # noqa: E402
+from gpu_qwen3_checkpoint import LAYERS, TALKER_LAYERS, qwen3_checkpoint  # noqa: E402
 from gpu_report import report_omni, report_prefix, report_steps  # noqa: E402
 from gpu_targets import Target, print_targets  # noqa: E402
 from gpu_timing import device_line, release  # noqa: E402
@@ -118,18 +120,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument(
-        "--size",
-        default="7b",
-        choices=["7b", "tiny"],
-        help="7b: Qwen2.5-Omni-7B and Qwen2.5-0.5B layouts; tiny: the test layouts (CPU smoke)",
+        "--family",
+        default="qwen2_5_omni",
+        choices=list(FAMILIES),
+        help="the omni model of parts 1 and 2 (qwen3_omni_moe: those two parts only)",
     )
-    p.add_argument("--requests", type=int_list, default=[16, 64], help="omni levels: N at once")
+    p.add_argument(
+        "--size",
+        choices=["7b", "30b", "tiny"],
+        help="7b (qwen2_5_omni's default): Qwen2.5-Omni-7B and Qwen2.5-0.5B layouts; 30b "
+        "(qwen3_omni_moe's default): Qwen3-Omni-30B-A3B's; tiny: the test layouts (CPU smoke)",
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=LAYERS,
+        help=f"qwen3_omni_moe 30b: thinker decoder layers (of {LAYERS}; 1.25 GB each in bf16)",
+    )
+    p.add_argument(
+        "--talker-layers",
+        type=int,
+        default=TALKER_LAYERS,
+        help=f"qwen3_omni_moe 30b: talker decoder layers (of {TALKER_LAYERS}; 0.32 GB each)",
+    )
+    p.add_argument(
+        "--requests",
+        type=int_list,
+        help="omni levels: N at once (default: 16,64; qwen3_omni_moe: 16)",
+    )
     p.add_argument("--single", type=int, default=3, help="omni requests one by one (0: none)")
     p.add_argument("--warmup", type=int, default=2, help="omni warm-up requests at once")
     p.add_argument("--hf-requests", type=int, default=3, help="transformers requests (+1 warm-up)")
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--text-tokens", type=int, default=64, help="thinker tokens (ignore_eos)")
-    p.add_argument("--codec-tokens", type=int, default=256, help="talker codes (~5 s of speech)")
+    p.add_argument(
+        "--codec-tokens",
+        type=int,
+        help="talker codes (default 256) or qwen3_omni_moe frames (default 64): ~5 s of speech",
+    )
     p.add_argument(
         "--max-num-seqs", type=int, default=64, help="thinker and talker engine.max_num_seqs"
     )
@@ -172,6 +200,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="leave a part out (repeatable); hf-dynamic / hf-static: a baseline of the decode part",
     )
     args = p.parse_args(argv)
+    args.fam = fam = FAMILIES[args.family]
+    args.size = args.size or fam.sizes[0]
+    if args.size not in fam.sizes:
+        p.error(f"--size {args.size} is not a {fam.name} layout: {' or '.join(fam.sizes)}")
+    args.codec_tokens = args.codec_tokens or fam.codec_tokens
+    args.requests = args.requests or list(fam.requests)
+    args.layers_cut = (args.layers, args.talker_layers) != (LAYERS, TALKER_LAYERS)
+    if args.layers_cut and args.size != "30b":
+        p.error("--layers / --talker-layers cut the qwen3_omni_moe 30b layout only")
+    if not (1 <= args.layers <= LAYERS and 1 <= args.talker_layers <= TALKER_LAYERS):
+        p.error(f"--layers must be in 1..{LAYERS} and --talker-layers in 1..{TALKER_LAYERS}")
+    if fam.name != "qwen2_5_omni":  # the decoder parts do not depend on the omni family
+        args.skip = sorted({*args.skip, "prefix", "steps", "decode"})
     for name in (
         "prompt_tokens", "text_tokens", "codec_tokens", "prefix_requests", "profile_steps",
         "profile_skip",
@@ -196,7 +237,10 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.threads:
         torch.set_num_threads(args.threads)
-    print("# GPU benchmark: Qwen2.5-Omni (omni vs transformers) and a plain decoder")
+    if args.fam.name == "qwen2_5_omni":
+        print("# GPU benchmark: Qwen2.5-Omni (omni vs transformers) and a plain decoder")
+    else:
+        print(f"# GPU benchmark: {args.fam.title} (omni vs transformers)")
     print(device_line(args.device), flush=True)
     start = time.perf_counter()
     failed: list[str] = []
@@ -219,8 +263,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if not {"hf", "omni"} <= set(args.skip):
         omni_dir = prepare(
-            f"Qwen2.5-Omni checkpoint ({args.size} layout, random weights)",
-            lambda: omni_checkpoint(args.size, args.device, args.seed),
+            f"{layout_name(args)} checkpoint, random weights", lambda: family_checkpoint(args)
         )
         tokenizer = AutoTokenizer.from_pretrained(omni_dir)
         hf = ours = None
@@ -259,10 +302,17 @@ def main(argv: list[str] | None = None) -> None:
             if decode is not None:
                 failed.extend(f"decode ({name})" for name in decode["errors"])
                 targets += report_decode(decode, args)
-    print_targets(targets, "\n## Issue 20's table, every part of this run")
+    issue = "Issue 20's table" if args.fam.name == "qwen2_5_omni" else "Issue 24's targets"
+    print_targets(targets, f"\n## {issue}, every part of this run")
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
     if failed:
         raise SystemExit(f"parts that failed: {', '.join(failed)}")
+
+
+def family_checkpoint(args: argparse.Namespace) -> Path:
+    if args.fam.name == "qwen2_5_omni":
+        return omni_checkpoint(args.size, args.device, args.seed)
+    return qwen3_checkpoint(args.size, args.device, args.seed, args.layers, args.talker_layers)
 
 
 def prepare(label: str, build: Callable[[], Path]) -> str:
@@ -271,7 +321,12 @@ def prepare(label: str, build: Callable[[], Path]) -> str:
     path = build()
     params = count_parameters(path)
     took = time.perf_counter() - t0
-    print(f"{label}: {path} ({params / 1e6:,.1f} M parameters, ready in {took:.1f} s)", flush=True)
+    disk = sum(f.stat().st_size for f in path.iterdir() if f.is_file()) / 1024**3
+    print(
+        f"{label}: {path} ({params / 1e6:,.1f} M parameters, {disk:.2f} GiB on disk, ready in "
+        f"{took:.1f} s)",
+        flush=True,
+    )
     return str(path)
 
 
