@@ -1,4 +1,5 @@
-"""GPU benchmark: Qwen2.5-Omni at the 7B layout, omni against transformers, plus a 0.5B decoder.
+"""GPU benchmark: Qwen2.5-Omni at the 7B layout, omni against transformers, plus a 0.5B decoder;
+with --family qwen3_omni_moe, Qwen3-Omni at the 30B-A3B layout (parts 1 and 2 only).
 
 Prints the device, then (each part optional, see --skip):
 
@@ -35,22 +36,36 @@ Each of parts 2, 3 and 5 prints its rows of issue 20's table (what, omni, transf
 met) after its own tables, and all of them are printed again together at the end. A verdict is
 given only on the issue's layouts and workload on a GPU ('-' otherwise).
 
+--family qwen3_omni_moe: parts 1 and 2 on Qwen3-Omni (`Qwen3OmniMoeForConditionalGeneration`,
+stages thinker -> talker -> code2wav; the decoder parts 3-5 do not depend on the family and are
+left out). --codec-tokens counts talker frames (16 codes each, 12.5 frames/s: 64 frames = 5.1 s,
+the default); --requests defaults to 16. Layouts (bench/gpu_qwen3_checkpoint.py): 30b, the
+published Qwen3-Omni-30B-A3B-Instruct dims with random bf16 weights built on --device (35.3 B
+parameters, 70.5 GB: larger than the lent machines' 64 GiB disk), cut with --layers N (thinker
+decoder layers of 48, 1.25 GB each) and --talker-layers M (of 20); tiny, the "bench" layout of
+tools/tiny_qwen3_omni.py. Its rows carry issue 24's ratio targets (first audio at 1 >= 5x sooner
+than transformers' waveform; 16 at once >= 3x transformers' req/s with first-audio p99 <= 3x the
+p50 at 1), with a verdict on the uncut 30b layout on a GPU only.
+
 Random weights: the text and the audio are noise; only the timings mean anything. Nothing about
 timings is asserted; ratios are against the baseline measured in the same run. A part that fails
 is reported (traceback) and the others still run; the exit status is then non-zero.
 
-This file holds the command line and runs the parts: parts 1 and 2 are in bench/gpu_omni.py,
+This file holds the command line and runs the parts: parts 1 and 2 are in bench/gpu_omni.py
+(what differs per family in bench/gpu_family.py, their targets in bench/gpu_omni_targets.py),
 3 and 4 in bench/gpu_decoder.py, 5 in bench/gpu_decode.py (its tables in
 bench/gpu_decode_report.py), their prompts and engine overrides in bench/gpu_workload.py, the
 other tables in bench/gpu_report.py, the issue's table in bench/gpu_targets.py, the step timers
-and device helpers in bench/gpu_timing.py and the checkpoints in bench/gpu_checkpoints.py.
+and device helpers in bench/gpu_timing.py and the checkpoints in bench/gpu_checkpoints.py and
+bench/gpu_qwen3_checkpoint.py.
 
 Checkpoints are written once into the checkpoint cache (<repo>/.cache/checkpoints, or
 $OMNI_CACHE_DIR/checkpoints) and reused: the 7B layout takes about 21 GiB of disk, the 0.5B
-layout 1 GiB. On the lent GPU machine (no network, no Ray, an older transformers), first run
+layout 1 GiB, Qwen3-Omni's 30b layout 65.7 GiB (--layers 24: 37.8 GiB). On the lent GPU machine (no network, no Ray, an older transformers), first run
 ../shared/tools/device-wheels.sh here, then carry [".whl"] and start the command with its prefix.
 
-    python bench/gpu.py [--device cuda|cpu] [--size 7b|tiny] [--requests 16,64] [--single 3]
+    python bench/gpu.py [--device cuda|cpu] [--family qwen2_5_omni|qwen3_omni_moe]
+        [--size 7b|30b|tiny] [--layers 48] [--talker-layers 20] [--requests 16,64] [--single 3]
         [--hf-requests 3] [--prompt-tokens 200] [--text-tokens 64] [--codec-tokens 256]
         [--prefix-tokens 4096] [--decode-batch 16,64] [--decode-tokens 128] [--profile]
         [--skip hf|omni|prefix|steps|decode|hf-dynamic|hf-static ...]
@@ -59,6 +74,10 @@ layout 1 GiB. On the lent GPU machine (no network, no Ray, an older transformers
     python bench/gpu.py --device cpu --size tiny --requests 2 --single 1 --hf-requests 1 \\
         --prefix-tokens 256 --prefix-requests 2 --decode-batch 2,4 --decode-tokens 8 --profile \\
         --skip hf --skip omni                          # a smoke test on a CPU (about a minute)
+    python bench/gpu.py --family qwen3_omni_moe --layers 24   # Qwen3-Omni on an H100 (GPU)
+    python bench/gpu.py --family qwen3_omni_moe --device cpu --size tiny --requests 2 \
+        --single 1 --hf-requests 1 --warmup 1 --prompt-tokens 32 --text-tokens 8 \
+        --codec-tokens 8                               # its smoke test on a CPU (about 10 s)
 """
 
 from __future__ import annotations
@@ -167,12 +186,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=4096,
         help="thinker and talker (prefill chunk)",
     )
-    p.add_argument("--t2w-batch", type=int, help="token2wav max_num_seqs (default: the config's)")
+    p.add_argument(
+        "--t2w-batch",
+        type=int,
+        help="vocoder (token2wav, code2wav) max_num_seqs (default: the config's)",
+    )
     p.add_argument(
         "--gpu-mem",
         type=share_list,
         default=[0.45, 0.15, 0.1],
-        help="gpu_memory_utilization of thinker,talker,token2wav (the decoder takes the first)",
+        help="gpu_memory_utilization of thinker,talker,vocoder (the decoder takes the first)",
     )
     p.add_argument("--prefix-tokens", type=int, default=4096)
     p.add_argument("--suffix-tokens", type=int, default=32)

@@ -30,6 +30,7 @@ is 0, the best code's far above), so both sides make exactly the frame budget.
 from __future__ import annotations
 
 import pathlib
+import sys
 import threading
 import time
 from typing import Any
@@ -154,8 +155,8 @@ def build_qwen3_30b(
     with torch.no_grad():
         model.talker.codec_head.weight[config.talker_config.codec_eos_token_id] = 0.0
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    with _disk_progress(out, nbytes):
-        model.save_pretrained(str(out))
+    with DiskProgress(out, nbytes):  # shards of the real checkpoint's size: the bar moves
+        model.save_pretrained(str(out), max_shard_size="4GB")
     eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     GenerationConfig(eos_token_id=eos, pad_token_id=ids["<|endoftext|>"]).save_pretrained(str(out))
     tiny_qwen3_omni._save_processor_config(out)
@@ -163,7 +164,7 @@ def build_qwen3_30b(
     return n
 
 
-class _disk_progress:
+class DiskProgress:
     """A progress bar of the bytes written under `path` (polled from a thread while the body
     writes: save_pretrained has no progress of its own)."""
 
@@ -178,8 +179,10 @@ class _disk_progress:
     def _poll(self) -> None:
         from tqdm import tqdm
 
-        with tqdm(total=self.total, unit="B", unit_scale=True, desc="  writing", mininterval=1) as bar:  # fmt: skip
-            while not self.done.wait(1.0):
+        every = 1.0 if sys.stderr.isatty() else 10.0  # a log gets a line per 10 s
+        bar = tqdm(total=self.total, unit="B", unit_scale=True, desc="  writing", mininterval=every)
+        with bar:
+            while not self.done.wait(every):
                 bar.update(max(0, min(self.total, self._written()) - bar.n))
             bar.update(max(0, min(self.total, self._written()) - bar.n))
 
