@@ -1,4 +1,5 @@
-"""GPU benchmark: Qwen2.5-Omni at the 7B layout, omni against transformers, plus a 0.5B decoder.
+"""GPU benchmark: Qwen2.5-Omni at the 7B layout, omni against transformers, plus a 0.5B decoder;
+with --family qwen3_omni_moe, Qwen3-Omni at the 30B-A3B layout (parts 1 and 2 only).
 
 Prints the device, then (each part optional, see --skip):
 
@@ -35,22 +36,36 @@ Each of parts 2, 3 and 5 prints its rows of issue 20's table (what, omni, transf
 met) after its own tables, and all of them are printed again together at the end. A verdict is
 given only on the issue's layouts and workload on a GPU ('-' otherwise).
 
+--family qwen3_omni_moe: parts 1 and 2 on Qwen3-Omni (`Qwen3OmniMoeForConditionalGeneration`,
+stages thinker -> talker -> code2wav; the decoder parts 3-5 do not depend on the family and are
+left out). --codec-tokens counts talker frames (16 codes each, 12.5 frames/s: 64 frames = 5.1 s,
+the default); --requests defaults to 16. Layouts (bench/gpu_qwen3_checkpoint.py): 30b, the
+published Qwen3-Omni-30B-A3B-Instruct dims with random bf16 weights built on --device (35.3 B
+parameters, 70.5 GB: larger than the lent machines' 64 GiB disk), cut with --layers N (thinker
+decoder layers of 48, 1.25 GB each) and --talker-layers M (of 20); tiny, the "bench" layout of
+tools/tiny_qwen3_omni.py. Its rows carry issue 24's ratio targets (first audio at 1 >= 5x sooner
+than transformers' waveform; 16 at once >= 3x transformers' req/s with first-audio p99 <= 3x the
+p50 at 1), with a verdict on the uncut 30b layout on a GPU only.
+
 Random weights: the text and the audio are noise; only the timings mean anything. Nothing about
 timings is asserted; ratios are against the baseline measured in the same run. A part that fails
 is reported (traceback) and the others still run; the exit status is then non-zero.
 
-This file holds the command line and runs the parts: parts 1 and 2 are in bench/gpu_omni.py,
+This file holds the command line and runs the parts: parts 1 and 2 are in bench/gpu_omni.py
+(what differs per family in bench/gpu_family.py, their targets in bench/gpu_omni_targets.py),
 3 and 4 in bench/gpu_decoder.py, 5 in bench/gpu_decode.py (its tables in
 bench/gpu_decode_report.py), their prompts and engine overrides in bench/gpu_workload.py, the
 other tables in bench/gpu_report.py, the issue's table in bench/gpu_targets.py, the step timers
-and device helpers in bench/gpu_timing.py and the checkpoints in bench/gpu_checkpoints.py.
+and device helpers in bench/gpu_timing.py and the checkpoints in bench/gpu_checkpoints.py and
+bench/gpu_qwen3_checkpoint.py.
 
 Checkpoints are written once into the checkpoint cache (<repo>/.cache/checkpoints, or
 $OMNI_CACHE_DIR/checkpoints) and reused: the 7B layout takes about 21 GiB of disk, the 0.5B
-layout 1 GiB. On the lent GPU machine (no network, no Ray, an older transformers), first run
+layout 1 GiB, Qwen3-Omni's 30b layout 65.7 GiB (--layers 24: 37.8 GiB). On the lent GPU machine (no network, no Ray, an older transformers), first run
 ../shared/tools/device-wheels.sh here, then carry [".whl"] and start the command with its prefix.
 
-    python bench/gpu.py [--device cuda|cpu] [--size 7b|tiny] [--requests 16,64] [--single 3]
+    python bench/gpu.py [--device cuda|cpu] [--family qwen2_5_omni|qwen3_omni_moe]
+        [--size 7b|30b|tiny] [--layers 48] [--talker-layers 20] [--requests 16,64] [--single 3]
         [--hf-requests 3] [--prompt-tokens 200] [--text-tokens 64] [--codec-tokens 256]
         [--prefix-tokens 4096] [--decode-batch 16,64] [--decode-tokens 128] [--profile]
         [--skip hf|omni|prefix|steps|decode|hf-dynamic|hf-static ...]
@@ -59,6 +74,10 @@ layout 1 GiB. On the lent GPU machine (no network, no Ray, an older transformers
     python bench/gpu.py --device cpu --size tiny --requests 2 --single 1 --hf-requests 1 \\
         --prefix-tokens 256 --prefix-requests 2 --decode-batch 2,4 --decode-tokens 8 --profile \\
         --skip hf --skip omni                          # a smoke test on a CPU (about a minute)
+    python bench/gpu.py --family qwen3_omni_moe --layers 24   # Qwen3-Omni on an H100 (GPU)
+    python bench/gpu.py --family qwen3_omni_moe --device cpu --size tiny --requests 2 \
+        --single 1 --hf-requests 1 --warmup 1 --prompt-tokens 32 --text-tokens 8 \
+        --codec-tokens 8                               # its smoke test on a CPU (about 10 s)
 """
 
 from __future__ import annotations
@@ -87,7 +106,9 @@ from gpu_checkpoints import decoder_checkpoint, omni_checkpoint  # noqa: E402
 from gpu_decode import decode_section  # noqa: E402
 from gpu_decode_report import report_decode  # noqa: E402
 from gpu_decoder import prefix_pass, steps_section  # noqa: E402
+from gpu_family import FAMILIES, layout_name  # noqa: E402
 from gpu_omni import hf_section, omni_section  # noqa: E402
+from gpu_qwen3_checkpoint import LAYERS, TALKER_LAYERS, qwen3_checkpoint  # noqa: E402
 from gpu_report import report_omni, report_prefix, report_steps  # noqa: E402
 from gpu_targets import Target, print_targets  # noqa: E402
 from gpu_timing import device_line, release  # noqa: E402
@@ -118,18 +139,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument(
-        "--size",
-        default="7b",
-        choices=["7b", "tiny"],
-        help="7b: Qwen2.5-Omni-7B and Qwen2.5-0.5B layouts; tiny: the test layouts (CPU smoke)",
+        "--family",
+        default="qwen2_5_omni",
+        choices=list(FAMILIES),
+        help="the omni model of parts 1 and 2 (qwen3_omni_moe: those two parts only)",
     )
-    p.add_argument("--requests", type=int_list, default=[16, 64], help="omni levels: N at once")
+    p.add_argument(
+        "--size",
+        choices=["7b", "30b", "tiny"],
+        help="7b (qwen2_5_omni's default): Qwen2.5-Omni-7B and Qwen2.5-0.5B layouts; 30b "
+        "(qwen3_omni_moe's default): Qwen3-Omni-30B-A3B's; tiny: the test layouts (CPU smoke)",
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=LAYERS,
+        help=f"qwen3_omni_moe 30b: thinker decoder layers (of {LAYERS}; 1.25 GB each in bf16)",
+    )
+    p.add_argument(
+        "--talker-layers",
+        type=int,
+        default=TALKER_LAYERS,
+        help=f"qwen3_omni_moe 30b: talker decoder layers (of {TALKER_LAYERS}; 0.32 GB each)",
+    )
+    p.add_argument(
+        "--requests",
+        type=int_list,
+        help="omni levels: N at once (default: 16,64; qwen3_omni_moe: 16)",
+    )
     p.add_argument("--single", type=int, default=3, help="omni requests one by one (0: none)")
     p.add_argument("--warmup", type=int, default=2, help="omni warm-up requests at once")
     p.add_argument("--hf-requests", type=int, default=3, help="transformers requests (+1 warm-up)")
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--text-tokens", type=int, default=64, help="thinker tokens (ignore_eos)")
-    p.add_argument("--codec-tokens", type=int, default=256, help="talker codes (~5 s of speech)")
+    p.add_argument(
+        "--codec-tokens",
+        type=int,
+        help="talker codes (default 256) or qwen3_omni_moe frames (default 64): ~5 s of speech",
+    )
     p.add_argument(
         "--max-num-seqs", type=int, default=64, help="thinker and talker engine.max_num_seqs"
     )
@@ -139,12 +186,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=4096,
         help="thinker and talker (prefill chunk)",
     )
-    p.add_argument("--t2w-batch", type=int, help="token2wav max_num_seqs (default: the config's)")
+    p.add_argument(
+        "--t2w-batch",
+        type=int,
+        help="vocoder (token2wav, code2wav) max_num_seqs (default: the config's)",
+    )
     p.add_argument(
         "--gpu-mem",
         type=share_list,
         default=[0.45, 0.15, 0.1],
-        help="gpu_memory_utilization of thinker,talker,token2wav (the decoder takes the first)",
+        help="gpu_memory_utilization of thinker,talker,vocoder (the decoder takes the first)",
     )
     p.add_argument("--prefix-tokens", type=int, default=4096)
     p.add_argument("--suffix-tokens", type=int, default=32)
@@ -172,6 +223,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="leave a part out (repeatable); hf-dynamic / hf-static: a baseline of the decode part",
     )
     args = p.parse_args(argv)
+    args.fam = fam = FAMILIES[args.family]
+    args.size = args.size or fam.sizes[0]
+    if args.size not in fam.sizes:
+        p.error(f"--size {args.size} is not a {fam.name} layout: {' or '.join(fam.sizes)}")
+    args.codec_tokens = args.codec_tokens or fam.codec_tokens
+    args.requests = args.requests or list(fam.requests)
+    args.layers_cut = (args.layers, args.talker_layers) != (LAYERS, TALKER_LAYERS)
+    if args.layers_cut and args.size != "30b":
+        p.error("--layers / --talker-layers cut the qwen3_omni_moe 30b layout only")
+    if not (1 <= args.layers <= LAYERS and 1 <= args.talker_layers <= TALKER_LAYERS):
+        p.error(f"--layers must be in 1..{LAYERS} and --talker-layers in 1..{TALKER_LAYERS}")
+    if fam.name != "qwen2_5_omni":  # the decoder parts do not depend on the omni family
+        args.skip = sorted({*args.skip, "prefix", "steps", "decode"})
     for name in (
         "prompt_tokens", "text_tokens", "codec_tokens", "prefix_requests", "profile_steps",
         "profile_skip",
@@ -196,7 +260,10 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.threads:
         torch.set_num_threads(args.threads)
-    print("# GPU benchmark: Qwen2.5-Omni (omni vs transformers) and a plain decoder")
+    if args.fam.name == "qwen2_5_omni":
+        print("# GPU benchmark: Qwen2.5-Omni (omni vs transformers) and a plain decoder")
+    else:
+        print(f"# GPU benchmark: {args.fam.title} (omni vs transformers)")
     print(device_line(args.device), flush=True)
     start = time.perf_counter()
     failed: list[str] = []
@@ -219,8 +286,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if not {"hf", "omni"} <= set(args.skip):
         omni_dir = prepare(
-            f"Qwen2.5-Omni checkpoint ({args.size} layout, random weights)",
-            lambda: omni_checkpoint(args.size, args.device, args.seed),
+            f"{layout_name(args)} checkpoint, random weights", lambda: family_checkpoint(args)
         )
         tokenizer = AutoTokenizer.from_pretrained(omni_dir)
         hf = ours = None
@@ -259,10 +325,17 @@ def main(argv: list[str] | None = None) -> None:
             if decode is not None:
                 failed.extend(f"decode ({name})" for name in decode["errors"])
                 targets += report_decode(decode, args)
-    print_targets(targets, "\n## Issue 20's table, every part of this run")
+    issue = "Issue 20's table" if args.fam.name == "qwen2_5_omni" else "Issue 24's targets"
+    print_targets(targets, f"\n## {issue}, every part of this run")
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
     if failed:
         raise SystemExit(f"parts that failed: {', '.join(failed)}")
+
+
+def family_checkpoint(args: argparse.Namespace) -> Path:
+    if args.fam.name == "qwen2_5_omni":
+        return omni_checkpoint(args.size, args.device, args.seed)
+    return qwen3_checkpoint(args.size, args.device, args.seed, args.layers, args.talker_layers)
 
 
 def prepare(label: str, build: Callable[[], Path]) -> str:
@@ -271,7 +344,12 @@ def prepare(label: str, build: Callable[[], Path]) -> str:
     path = build()
     params = count_parameters(path)
     took = time.perf_counter() - t0
-    print(f"{label}: {path} ({params / 1e6:,.1f} M parameters, ready in {took:.1f} s)", flush=True)
+    disk = sum(f.stat().st_size for f in path.iterdir() if f.is_file()) / 1024**3
+    print(
+        f"{label}: {path} ({params / 1e6:,.1f} M parameters, {disk:.2f} GiB on disk, ready in "
+        f"{took:.1f} s)",
+        flush=True,
+    )
     return str(path)
 
 

@@ -1,6 +1,6 @@
-"""Parts 1 and 2 of bench/gpu.py on the Qwen2.5-Omni checkpoint: transformers' generate one
-request after another (hf_section), and our pipeline through AsyncOmni, one by one and N at once
-(omni_section)."""
+"""Parts 1 and 2 of bench/gpu.py on the omni checkpoint (Qwen2.5-Omni or Qwen3-Omni, --family):
+transformers' generate one request after another (hf_section), and our pipeline through
+AsyncOmni, one by one and N at once (omni_section)."""
 
 from __future__ import annotations
 
@@ -8,37 +8,64 @@ import argparse
 import asyncio
 import functools
 import time
+import warnings
 from typing import Any
 
 import torch
-from gpu_checkpoints import CODEC_EOS
 from gpu_timing import allocated_gib, peak_gib, release, reset_peak, sync
-from gpu_workload import SEED, STAGES, blocks_for, chat_ids, engine_overrides, omni_params
+from gpu_workload import SEED, blocks_for, chat_ids, engine_overrides, omni_params
 
 from omni import AsyncOmni, SamplingParams
 
-SAMPLE_RATE = 24000  # transformers' token2wav output
+SAMPLE_RATE = 24000  # transformers' waveforms, both families
 
 
 # ---- 1. transformers -----------------------------------------------------------------------------
-def load_hf(model_dir: str, device: str) -> Any:
-    from transformers import Qwen2_5OmniForConditionalGeneration
+def load_hf(model_dir: str, args: argparse.Namespace) -> Any:
+    import transformers
 
-    if device == "cuda":
-        model = Qwen2_5OmniForConditionalGeneration.from_pretrained(
-            model_dir, dtype=torch.bfloat16, device_map="cuda"
-        )
+    cls = getattr(transformers, args.fam.hf_class)
+    # Qwen3-Omni's generate applies its talker's repetition penalty to the new codes only, as
+    # it warns each time; omni does the same (stage_configs/qwen3_omni_moe.yaml).
+    warnings.filterwarnings("ignore", message="Passing `repetition_penalty` with `inputs_embeds`")
+    if args.device == "cuda":
+        model = cls.from_pretrained(model_dir, dtype=torch.bfloat16, device_map="cuda")
     else:
-        model = Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
+        model = cls.from_pretrained(model_dir, dtype=torch.float32)
     model.thinker.generation_config.eos_token_id = None  # exactly --text-tokens, as ours
     return model.eval()
 
 
+def generate_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Greedy budgets of one generate; Qwen3-Omni's thinker EOS is an argument of generate."""
+    kwargs: dict[str, Any] = dict(
+        thinker_max_new_tokens=args.text_tokens,
+        talker_max_new_tokens=args.codec_tokens,
+        talker_do_sample=False,
+    )
+    if args.fam.name == "qwen3_omni_moe":
+        kwargs.update(thinker_eos_token_id=None, thinker_do_sample=False)
+    return kwargs
+
+
+def count_codes(out: Any, kwargs: dict[str, Any], args: argparse.Namespace) -> int:
+    """Codes one talker.generate made (Qwen3-Omni: layer-0 codes, one per frame), up to codec
+    EOS."""
+    if args.fam.name == "qwen3_omni_moe":  # a GenerateOutput of the new codes only
+        codes, stops = out.sequences[0].tolist(), {kwargs["eos_token_id"]}
+    else:
+        codes, stops = out[0, kwargs["input_ids"].shape[1] :].tolist(), set(args.fam.codec_eos)
+    return next((i for i, code in enumerate(codes) if code in stops), len(codes))
+
+
 def hf_request(model: Any, ids: list[int], args: argparse.Namespace) -> dict[str, float]:
-    """One full generate; TTFT = the thinker's second forward starting (after a device sync)."""
+    """One full generate; TTFT = the thinker's second forward starting (after a device sync);
+    the thinker's per-token time runs from there to the talker's start (the thinker's last
+    steps), the talker's per-code time is its generate over the codes it made."""
     calls = 0
     first_token: float | None = None
-    codes: list[int] = []
+    talker_span: list[float] = []
+    num_codes = 0
     forward, talker_generate = model.thinker.forward, model.talker.generate
 
     # functools.wraps: generate inspects the forward's signature to validate its kwargs.
@@ -53,8 +80,13 @@ def hf_request(model: Any, ids: list[int], args: argparse.Namespace) -> dict[str
 
     @functools.wraps(talker_generate)
     def counted_generate(*args_: Any, **kwargs: Any) -> Any:
+        nonlocal num_codes
+        sync(args.device)
+        talker_span.append(time.perf_counter())
         out = talker_generate(*args_, **kwargs)
-        codes.extend(out[0, kwargs["input_ids"].shape[1] :].tolist())
+        sync(args.device)
+        talker_span.append(time.perf_counter())
+        num_codes = count_codes(out, kwargs, args)
         return out
 
     input_ids = torch.tensor([ids], device=args.device)
@@ -64,37 +96,33 @@ def hf_request(model: Any, ids: list[int], args: argparse.Namespace) -> dict[str
         sync(args.device)
         start = time.perf_counter()
         with torch.inference_mode():
-            sequences, wav = model.generate(
-                input_ids=input_ids,
-                thinker_max_new_tokens=args.text_tokens,
-                talker_max_new_tokens=args.codec_tokens,
-                talker_do_sample=False,
-            )
+            sequences, wav = model.generate(input_ids=input_ids, **generate_kwargs(args))
         sync(args.device)
         took = time.perf_counter() - start
     finally:
         del model.thinker.forward, model.talker.generate
-    for i, code in enumerate(codes):
-        if code in CODEC_EOS:
-            codes = codes[:i]
-            break
     audio_s = wav.numel() / SAMPLE_RATE
     ttft = (first_token - start) if first_token is not None else took
+    text = sequences.shape[1] - len(ids)
+    nan = float("nan")
+    talker_start, talker_end = talker_span if len(talker_span) == 2 else (nan, nan)
     return {
         "ttft": ttft,
         "ttfa": took,  # the audio comes with the return of generate
         "e2e": took,
-        "rtf": took / audio_s if audio_s else float("nan"),
+        "rtf": took / audio_s if audio_s else nan,
         "audio_s": audio_s,
-        "text": sequences.shape[1] - len(ids),
-        "codes": len(codes),
+        "text": text,
+        "codes": num_codes,
+        "thinker_s_per_token": (talker_start - start - ttft) / (text - 1) if text > 1 else nan,
+        "talker_s_per_code": (talker_end - talker_start) / num_codes if num_codes else nan,
     }
 
 
 def hf_section(model_dir: str, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
     reset_peak(args.device)
     t0 = time.perf_counter()
-    model = load_hf(model_dir, args.device)
+    model = load_hf(model_dir, args)
     load_s = time.perf_counter() - t0
     prompts = [chat_ids(tokenizer, args.prompt_tokens, (9, i)) for i in range(args.hf_requests + 1)]
     hf_request(model, prompts[0], args)  # warm-up, not reported
@@ -115,19 +143,20 @@ def hf_section(model_dir: str, tokenizer: Any, args: argparse.Namespace) -> dict
 
 # ---- 2. omni -------------------------------------------------------------------------------------
 def omni_engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    overrides = engine_overrides(args, STAGES)
+    thinker_name, talker_name, vocoder = args.fam.stages
+    overrides = engine_overrides(args, args.fam.stages)
     seqs = args.max_num_seqs
     thinker_tokens = args.prompt_tokens + args.text_tokens
-    talker_tokens = args.prompt_tokens + 2 + args.codec_tokens  # prompt rows + speaker + g_0
-    for stage, tokens in (("thinker", thinker_tokens), ("talker", talker_tokens)):
+    talker_tokens = args.prompt_tokens + args.fam.talker_prompt_extra + args.codec_tokens
+    for stage, tokens in ((thinker_name, thinker_tokens), (talker_name, talker_tokens)):
         overrides[f"stages.{stage}.engine.max_num_seqs"] = seqs
         overrides[f"stages.{stage}.engine.max_num_batched_tokens"] = args.max_num_batched_tokens
         overrides[f"stages.{stage}.engine.num_blocks"] = blocks_for(seqs, tokens)
         overrides[f"stages.{stage}.engine.max_model_len"] = max(4096, tokens + 16)
     # On a GPU a batch of chunks costs about one: no code budget short of the batch itself.
-    overrides["stages.token2wav.engine.max_num_batched_tokens"] = 1 << 20
+    overrides[f"stages.{vocoder}.engine.max_num_batched_tokens"] = 1 << 20
     if args.t2w_batch:
-        overrides["stages.token2wav.engine.max_num_seqs"] = args.t2w_batch
+        overrides[f"stages.{vocoder}.engine.max_num_seqs"] = args.t2w_batch
     return overrides
 
 

@@ -6,14 +6,13 @@ are in bench/gpu_decode_report.py."""
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 
-import numpy as np
 from bench_table import table
-from gpu_targets import Target, print_targets, verdict
+from gpu_family import layout_name
+from gpu_omni_targets import omni_targets
+from gpu_targets import Target, pct, print_targets, verdict
 from gpu_timing import StepRecord
-from gpu_workload import STAGES
 
 ISSUE_SCALE = (
     "for scale (the issue, one H100, 7B layout, same workload): transformers takes about "
@@ -25,16 +24,10 @@ def gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
-def pct(values: list[float], q: float) -> float:
-    """The q-th percentile, linearly interpolated (with few values p99 is about the max)."""
-    clean = [v for v in values if not math.isnan(v)]
-    return float(np.percentile(clean, q)) if clean else float("nan")
-
-
 def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) -> list[Target]:
     print(
-        f"\n## Qwen2.5-Omni ({args.size} layout): omni vs transformers, {args.prompt_tokens}-token "
-        f"prompt, {args.text_tokens} text tokens, {args.codec_tokens} codec codes"
+        f"\n## {layout_name(args)}: omni vs transformers, {args.prompt_tokens}-token prompt, "
+        f"{args.text_tokens} text tokens, {args.codec_tokens} codec {args.fam.unit}"
     )
     notes = []
     if hf is not None:
@@ -109,6 +102,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
         rows.append(row("omni", label, level["rows"], rps, level["peak"]))
     table(header, rows)
 
+    stages, vocoder = args.fam.stages, args.fam.stages[2]
     if levels:
         print(
             "\nomni, where the time goes: p50 s since each request was added (the stages' "
@@ -122,7 +116,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
             "talker done",
             "first audio",
             "audio done",
-            "steps thinker/talker/t2w",
+            "steps " + "/".join(stages),
             "preemptions",
         )
         where = []
@@ -133,8 +127,8 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
                 return f"{pct([r.get(key, float('nan')) for r in got], 50):.3f}"
 
             cnt = level["counters"]
-            steps = "/".join(f"{cnt.get(f'{s} steps', 0):.0f}" for s in STAGES)
-            pre = sum(cnt.get(f"{s} preemptions", 0.0) for s in STAGES)
+            steps = "/".join(f"{cnt.get(f'{s} steps', 0):.0f}" for s in stages)
+            pre = sum(cnt.get(f"{s} preemptions", 0.0) for s in stages)
             where.append(
                 (
                     label,
@@ -142,8 +136,8 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
                     p50("thinker finished_s"),
                     p50("talker first_token_s"),
                     p50("talker finished_s"),
-                    p50("token2wav first_audio_s"),
-                    p50("token2wav finished_s"),
+                    p50(f"{vocoder} first_audio_s"),
+                    p50(f"{vocoder} finished_s"),
                     steps,
                     f"{pre:.0f}",
                 )
@@ -152,110 +146,9 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
 
     targets = omni_targets(hf, ours, args)
     print_targets(targets, "omni targets")
-    if args.size == "7b":
+    if args.fam.name == "qwen2_5_omni" and args.size == "7b":
         print(ISSUE_SCALE)
     return targets
-
-
-def omni_targets(hf: dict | None, ours: dict | None, args: argparse.Namespace) -> list[Target]:
-    """The issue's Qwen2.5-Omni rows. Per-token times of a single request: thinker ms/token =
-    (thinker finished - first token) / (text tokens - 1), talker ms/code likewise from its first
-    and last code (the stages' timings, p50 over the single requests)."""
-    issue = args.size == "7b" and args.device == "cuda"
-    hf_rps = 1 / statistics.mean(r["e2e"] for r in hf["rows"]) if hf else None
-    hf_e2e_ms = f"{1e3 / hf_rps:,.0f} ms" if hf_rps else "n/a"
-    levels = dict(ours["levels"]) if ours is not None else {}
-    rows: list[Target] = []
-    layout = f"Qwen2.5-Omni {args.size} layout"
-
-    def rps(level: dict) -> float:
-        return len(level["rows"]) / level["wall"]
-
-    single = levels.get("single")
-    if single is not None:
-        got = single["rows"]
-        ttfa = pct([r["ttfa"] for r in got], 50) * 1e3
-        rows.append(
-            (
-                f"{layout}, first audio, one request (p50)",
-                f"{ttfa:,.0f} ms",
-                hf_e2e_ms,
-                "<= 500 ms",
-                verdict(ttfa <= 500 if issue else None),
-            )
-        )
-        ratio = rps(single) / hf_rps if hf_rps else None
-        rows.append(
-            (
-                "same, req/s one at a time",
-                f"{ratio:.2f}x HF" if ratio else f"{rps(single):.3f} req/s",
-                "1.00" if hf_rps else "n/a",
-                ">= 1.5x",
-                verdict(ratio >= 1.5 if issue and ratio else None),
-            )
-        )
-        thinker = _per_token(got, "thinker", "text")
-        talker = _per_token(got, "talker", "codes")
-        rows.append(
-            (
-                "same, one request: thinker per token / talker per code",
-                f"{_ms(thinker)} / {_ms(talker)} ms",
-                "-",
-                "<= 10 ms / <= 5 ms",
-                verdict(
-                    thinker <= 0.010 and talker <= 0.005
-                    if issue and not math.isnan(thinker + talker)
-                    else None
-                ),
-            )
-        )
-    concurrent = [(label, level) for label, level in levels.items() if label != "single"]
-    if concurrent:
-        label, level = next(((c, v) for c, v in concurrent if c == "16"), concurrent[0])
-        ratio = rps(level) / hf_rps if hf_rps else None
-        p99 = pct([r["ttfa"] for r in level["rows"]], 99)
-        shown = f"{ratio:.2f}x HF" if ratio else f"{rps(level):.3f} req/s"
-        rows.append(
-            (
-                f"same, {label} at once",
-                f"{shown}, first audio p99 {p99:.2f} s",
-                "1.00" if hf_rps else "n/a",
-                ">= 10x, p99 <= 1.5 s",
-                verdict(ratio >= 10 and p99 <= 1.5 if issue and ratio and label == "16" else None),
-            )
-        )
-    for label, level in levels.items():
-        rtf = pct([r["rtf"] for r in level["rows"]], 50)
-        rows.append(
-            (
-                f"same, RTF p50 at C={label}",
-                f"{rtf:.3f}",
-                _hf_rtf(hf),
-                "< 0.3",
-                verdict(rtf < 0.3 if issue else None),
-            )
-        )
-    return rows
-
-
-def _per_token(rows: list[dict], stage: str, count: str) -> float:
-    """p50 over requests of (stage finished - first token) / (tokens - 1), seconds (nan when a
-    request made one token or its timings are missing)."""
-    values = [
-        (r[f"{stage} finished_s"] - r[f"{stage} first_token_s"]) / (r[count] - 1)
-        if r[count] > 1 and f"{stage} finished_s" in r and f"{stage} first_token_s" in r
-        else float("nan")
-        for r in rows
-    ]
-    return pct(values, 50)
-
-
-def _ms(seconds: float) -> str:
-    return "n/a" if math.isnan(seconds) else f"{seconds * 1e3:.1f}"
-
-
-def _hf_rtf(hf: dict | None) -> str:
-    return "-" if hf is None else f"{pct([r['rtf'] for r in hf['rows']], 50):.2f}"
 
 
 def report_prefix(

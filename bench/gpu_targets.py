@@ -4,6 +4,9 @@ bench/gpu.py prints all of them once more at the end."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 from bench_table import table
 
 Target = tuple[str, str, str, str, str]
@@ -21,3 +24,10 @@ def print_targets(rows: list[Target], title: str) -> None:
         return
     print(f"\n{title} (reported, never asserted; '-': not the issue's layout or workload)")
     table(HEADER, rows)
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile, linearly interpolated (with few values p99 is about the max; nan
+    values are left out)."""
+    clean = [v for v in values if not math.isnan(v)]
+    return float(np.percentile(clean, q)) if clean else float("nan")

@@ -8,11 +8,9 @@ import math
 from typing import Any
 
 import numpy as np
-from gpu_checkpoints import CODEC_EOS
 
 from omni import SamplingParams
 
-STAGES = ("thinker", "talker", "token2wav")
 SEED = 0  # DiT noise seed of every request
 
 
@@ -37,7 +35,7 @@ def random_ids(tokenizer: Any, n: int, key: tuple[int, ...]) -> list[int]:
 def omni_params(args: argparse.Namespace) -> list[SamplingParams]:
     return [
         SamplingParams(max_tokens=args.text_tokens, ignore_eos=True),
-        SamplingParams(max_tokens=args.codec_tokens, stop_token_ids=CODEC_EOS),
+        SamplingParams(max_tokens=args.codec_tokens, stop_token_ids=args.fam.codec_eos),
         SamplingParams(max_tokens=1, seed=SEED),
     ]
 
@@ -49,14 +47,14 @@ def blocks_for(num_seqs: int, tokens: int, block_size: int = 16) -> int:
 
 def engine_overrides(args: argparse.Namespace, stages: tuple[str, ...]) -> dict[str, Any]:
     """Device, dtype and memory share of each stage (bf16 on a GPU; float32 on the CPU, as the
-    stage configs say); token2wav keeps float32, as transformers runs it."""
+    stage configs say); Qwen2.5-Omni's token2wav keeps float32, as transformers runs it."""
     overrides: dict[str, Any] = {"runtime": {"backend": "local"}}
-    shares = dict(zip(STAGES, args.gpu_mem, strict=True))
+    shares = dict(zip(args.fam.stages, args.gpu_mem, strict=True))
     for stage in stages:
         overrides[f"stages.{stage}.engine.device"] = args.device
         if args.device == "cuda":
             share = shares.get(stage, args.gpu_mem[0])
             overrides[f"stages.{stage}.engine.gpu_memory_utilization"] = share
-            if stage != "token2wav":
+            if not (args.fam.vocoder_fp32 and stage == args.fam.stages[2]):
                 overrides[f"stages.{stage}.engine.dtype"] = "bfloat16"
     return overrides
