@@ -43,13 +43,13 @@ def _empty_params(dtype: torch.dtype) -> Iterator[None]:
             )
 
     previous = torch.get_default_dtype()
-    torch.nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign]
+    torch.nn.Module.register_parameter = register_on_meta
     torch.set_default_dtype(dtype)
     try:
         yield
     finally:
         torch.set_default_dtype(previous)
-        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+        torch.nn.Module.register_parameter = register
 
 
 def build_empty(factory: Callable[[], M], dtype: torch.dtype) -> M:
