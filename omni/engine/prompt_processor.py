@@ -137,6 +137,8 @@ class PromptProcessor:
         serves prompt_token_ids only (vLLM's skip_tokenizer_init)."""
         self.voices: list[str] = []
         """Speakers a prompt may pick with its "speaker" key (none for text-only pipelines)."""
+        self.default_voice: str | None = None
+        """The voice a prompt without "speaker" speaks in (None: no voices, or not one of them)."""
 
     def chat_text(self, turns: Sequence[ChatTurn]) -> str:
         """The prompt text for chat turns (module function `chat_text`); a family whose

@@ -181,6 +181,11 @@ class AsyncOmni:
         return list(self.prompt_processor.voices)
 
     @property
+    def default_voice(self) -> str | None:
+        """The voice of a prompt that names no speaker (None: the model has no named voices)."""
+        return self.prompt_processor.default_voice
+
+    @property
     def sample_rate(self) -> int | None:
         """The audio sample rate the root stage's model family declares (ModelFamily.sample_rate)
         for results that carry none; None for families without audio."""

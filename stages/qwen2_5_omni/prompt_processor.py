@@ -37,6 +37,7 @@ from omni.core.request import MultiModalInput
 from omni.engine.prompt_processor import PromptProcessor
 from omni.messages import PromptInput
 from stages.qwen2_5_omni import media
+from stages.qwen2_5_omni.input_processors import DEFAULT_SPEAKER
 from stages.qwen2_5_omni.part_loader import load_speakers
 
 MODALITIES = ("images", "audio")
@@ -78,6 +79,8 @@ class OmniPromptProcessor(PromptProcessor):
         finally:
             hf_logging.set_verbosity(level)
         self.voices = sorted(load_speakers(model_dir)) if _has_speakers(model_dir) else []
+        # what the talker and token2wav fall back to; a checkpoint without it has no default
+        self.default_voice = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.voices else None
         self.max_pixels = max_pixels  # input guard on the decoded image, not the resize target
         self.max_audio_seconds = min(max_audio_seconds, self.feature_extractor.chunk_length)
         tok = self.tokenizer

@@ -51,7 +51,8 @@ from omni.runtime.stage_model import (
     ChunkJob,
     StageModelBase,
 )
-from stages.qwen2_5_omni.part_loader import load_part
+from stages.meta_build import build_empty
+from stages.qwen3_omni_moe.weights import load_part
 
 SAMPLE_RATE = 24000
 CHUNK_SIZE, LEFT_CONTEXT = 300, 25  # what generate passes to chunked_decode
@@ -79,9 +80,9 @@ class Qwen3OmniCode2WavAdapter(StageModelBase):
         with open(os.path.join(model_dir, "config.json")) as f:
             raw = json.load(f)
         config = Qwen3OmniMoeCode2WavConfig(**raw["code2wav_config"])
-        model = Qwen3OmniMoeCode2Wav(config)
-        self.model = model.to(device=self.device, dtype=dtype).eval()
-        load_part(self.model, model_dir, "code2wav.")
+        model = build_empty(lambda: Qwen3OmniMoeCode2Wav(config), dtype)  # as the talker's
+        load_part(model, model_dir, "code2wav.", self.device)
+        self.model = model.eval()
         self.num_code_groups = config.num_quantizers
         self.codebook_size = config.codebook_size
         self.samples_per_frame = int(self.model.total_upsample)

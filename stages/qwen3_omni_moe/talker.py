@@ -31,6 +31,7 @@ from omni.messages import InputDelta, StageInput
 from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
 from omni.runtime.sampler import Sampler
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, StageModelBase
+from stages.meta_build import build_empty
 from stages.qwen2_5_omni.part_loader import load_rows
 from stages.qwen2_5_omni.talker_penalty import SeenCodes
 from stages.qwen3_omni_moe.talker_inputs import TalkerRequestState, build_state, check_extras
@@ -75,9 +76,11 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         config.text_config._attn_implementation = ATTENTION_NAME
         # The code predictor runs whole frames with its own small cache, on sdpa as in generate.
         config.code_predictor_config._attn_implementation = "sdpa"
-        talker = Qwen3OmniMoeTalkerForConditionalGeneration(config)
-        self.talker = talker.to(device=self.device, dtype=dtype).eval()
-        load_part(self.talker, model_dir, "talker.")  # per-expert tensors fused
+        # Parameters on the meta device in `dtype`, then loaded straight onto the device: no
+        # float32 host copy and no random init (~13 GB, tens of seconds for the 30B-A3B talker).
+        talker = build_empty(lambda: Qwen3OmniMoeTalkerForConditionalGeneration(config), dtype)
+        load_part(talker, model_dir, "talker.", self.device)  # per-expert tensors fused
+        self.talker = talker.eval()
         text = config.text_config
         self.config = config
         self.dtype = dtype

@@ -278,7 +278,7 @@ def test_bad_events_are_errors_and_the_connection_stays_usable(servers):
             await conn.session.update(session={**NO_VAD, "max_output_tokens": 2})
             session = (await until(conn, "session.updated"))[-1]["session"]
             assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
-            assert session["audio"]["output"]["voice"] is None
+            assert session["audio"]["output"]["voice"] == "Chelsie"  # unset: the default's name
             await say(conn, "hi", output_modalities=["text"])
             done = (await until(conn, "response.done"))[-1]["response"]
             assert done["usage"]["output_tokens"] <= 2

@@ -223,7 +223,12 @@ class Response:
             "conversation_id": None,
             "output_modalities": list(s.output_modalities),
             "max_output_tokens": s.max_output_tokens or "inf",
-            "audio": {"output": {"format": AUDIO_FORMAT, "voice": s.voice}},
+            "audio": {
+                "output": {
+                    "format": AUDIO_FORMAT,
+                    "voice": s.voice or self.ctx.async_omni.default_voice,
+                }
+            },
             "usage": usage,
             "metadata": s.metadata,
         }

@@ -146,7 +146,11 @@ class SessionState:
                     if td is None
                     else {"type": "server_vad", "idle_timeout_ms": None, **dataclasses.asdict(td)},
                 },
-                "output": {"format": AUDIO_FORMAT, "voice": self.voice, "speed": 1.0},
+                "output": {
+                    "format": AUDIO_FORMAT,
+                    "voice": self.voice or ctx.async_omni.default_voice,  # unset: the default's
+                    "speed": 1.0,
+                },
             },
             "max_output_tokens": self.max_output_tokens or "inf",
             "tools": [],
