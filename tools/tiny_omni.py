@@ -164,28 +164,50 @@ def omni_config(size: str, ids: dict[str, int]):
 
 
 def _save_processor_config(out_dir: pathlib.Path) -> None:
-    """One preprocessor_config.json with both image-processor and feature-extractor keys."""
+    save_processor_config(
+        out_dir, "Qwen2_5OmniProcessor", PATCH, TEMPORAL, MERGE, MIN_PIXELS, MAX_PIXELS
+    )
+
+
+def save_processor_config(
+    out_dir: pathlib.Path,
+    processor_class: str,
+    patch: int,
+    temporal: int,
+    merge: int,
+    min_pixels: int,
+    max_pixels: int,
+    *,
+    image_mean_std: float | None = None,
+    audio_attention_mask: bool = True,
+) -> None:
+    """One preprocessor_config.json with both image-processor and feature-extractor keys (the
+    Qwen omni families' layout). image_mean_std: the image mean and std for every channel
+    (default: the processor's own)."""
     from transformers import WhisperFeatureExtractor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
 
+    norm = {} if image_mean_std is None else {"image_mean": [image_mean_std] * 3}
+    if image_mean_std is not None:
+        norm["image_std"] = [image_mean_std] * 3
     image = Qwen2VLImageProcessorPil(
-        min_pixels=MIN_PIXELS,
-        max_pixels=MAX_PIXELS,
-        patch_size=PATCH,
-        temporal_patch_size=TEMPORAL,
-        merge_size=MERGE,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        patch_size=patch,
+        temporal_patch_size=temporal,
+        merge_size=merge,
+        **norm,
     )
-    audio = WhisperFeatureExtractor(
-        feature_size=128, sampling_rate=16000, return_attention_mask=True
-    )
+    attention_mask = {"return_attention_mask": True} if audio_attention_mask else {}
+    audio = WhisperFeatureExtractor(feature_size=128, sampling_rate=16000, **attention_mask)
     merged = {**audio.to_dict(), **image.to_dict()}
     merged["image_processor_type"] = "Qwen2VLImageProcessor"
     merged["feature_extractor_type"] = "WhisperFeatureExtractor"
-    merged["processor_class"] = "Qwen2_5OmniProcessor"
+    merged["processor_class"] = processor_class
     merged.pop("mel_filters", None)  # recomputed from feature_size/sampling_rate on load
-    merged["min_pixels"], merged["max_pixels"] = MIN_PIXELS, MAX_PIXELS  # as the real file has
+    merged["min_pixels"], merged["max_pixels"] = min_pixels, max_pixels  # as the real file has
     text = json.dumps(merged, indent=2, sort_keys=True, default=_json_default) + "\n"
     (out_dir / "preprocessor_config.json").write_text(text)
 

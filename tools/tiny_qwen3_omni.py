@@ -26,11 +26,12 @@ The role words "system", "user" and "assistant" are single tokens (as in the rea
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 
 import torch
+
+from tools.tiny_omni import save_processor_config
 
 SPECIALS = [
     "<|endoftext|>",
@@ -179,38 +180,17 @@ def omni_config(size: str, ids: dict[str, int]):
 
 
 def _save_processor_config(out_dir: pathlib.Path) -> None:
-    """One preprocessor_config.json with both image-processor and feature-extractor keys."""
-    from transformers import WhisperFeatureExtractor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
+    save_processor_config(
+        out_dir,
+        "Qwen3OmniMoeProcessor",
+        PATCH,
+        TEMPORAL,
+        MERGE,
+        MIN_PIXELS,
+        MAX_PIXELS,
+        image_mean_std=0.5,
+        audio_attention_mask=False,
     )
-
-    image = Qwen2VLImageProcessorPil(
-        min_pixels=MIN_PIXELS,
-        max_pixels=MAX_PIXELS,
-        patch_size=PATCH,
-        temporal_patch_size=TEMPORAL,
-        merge_size=MERGE,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
-    )
-    audio = WhisperFeatureExtractor(feature_size=128, sampling_rate=16000)
-    merged = {**audio.to_dict(), **image.to_dict()}
-    merged["image_processor_type"] = "Qwen2VLImageProcessor"
-    merged["feature_extractor_type"] = "WhisperFeatureExtractor"
-    merged["processor_class"] = "Qwen3OmniMoeProcessor"
-    merged.pop("mel_filters", None)  # recomputed from feature_size/sampling_rate on load
-    merged["min_pixels"], merged["max_pixels"] = MIN_PIXELS, MAX_PIXELS
-    text = json.dumps(merged, indent=2, sort_keys=True, default=_json_default) + "\n"
-    (out_dir / "preprocessor_config.json").write_text(text)
-
-
-def _json_default(obj):
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if hasattr(obj, "value"):  # enums such as PILImageResampling
-        return obj.value
-    raise TypeError(f"cannot serialise {type(obj).__name__} in preprocessor_config.json")
 
 
 def init_code2wav(code2wav: torch.nn.Module, seed: int) -> None:
