@@ -288,6 +288,10 @@ def test_bad_events_are_errors_and_the_connection_stays_usable(servers):
             assert error["code"] == "conversation_already_has_active_response"
             await conn.response.cancel()
             assert (await until(conn, "response.done"))[-1]["response"]["status"] == "cancelled"
+            # cancelled at once, possibly while its prompt is still prepared: it still ends
+            await conn.response.create(response={"max_output_tokens": LONG})
+            await conn.response.cancel()
+            assert (await until(conn, "response.done"))[-1]["response"]["status"] == "cancelled"
 
     asyncio.run(go())
 

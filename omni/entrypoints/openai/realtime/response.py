@@ -12,7 +12,9 @@ chat completions do; a text response ends at the text stage.
 
 Cancelling (response.cancel, barge-in, a closed connection) cancels the task: leaving the
 `async for` closes AsyncOmni.run, which aborts the request in every stage and frees its blocks.
-The reply stays in the conversation as the text the client was sent (status "incomplete").
+The reply stays in the conversation as the text the client was sent (status "incomplete"). A
+response cancelled while its prompt is prepared still gets `response.created` and a cancelled
+`response.done` (no output, no usage counted).
 A prompt the model cannot take (too long, bad audio) is an `error` event and no response.
 """
 
@@ -89,7 +91,10 @@ class Response:
                 async_omni, text_stage, prepared, s.max_output_tokens, "max_output_tokens"
             )
         except asyncio.CancelledError:
-            return  # cancelled before it was created: nothing to report
+            # Cancelled while its prompt was prepared: the client already knows this response
+            # exists (a second response.create is refused for it), so it still hears it end.
+            await self._cancelled_before_output()
+            return
         except Exception as e:  # noqa: BLE001 - an `error` event; the session goes on
             await self.send(error(from_exception(e), self.client_event_id))
             return
@@ -156,6 +161,12 @@ class Response:
         for piece in audio_encoding.chunks(pcm.tobytes()):
             delta = base64.b64encode(piece).decode()
             await self.send(event("response.output_audio.delta", **self._where(), delta=delta))
+
+    async def _cancelled_before_output(self) -> None:
+        details = {"type": "cancelled", "reason": self.cancel_reason or "client_cancelled"}
+        await self.send(event("response.created", response=self._object("in_progress")))
+        done = self._object("cancelled", details, self._usage(None, []))  # nothing tokenized
+        await self.send(event("response.done", response={**done, "output": []}))
 
     async def _finish(
         self,
