@@ -78,6 +78,8 @@ class Response:
             self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
+        if self.task.cancelled():  # cancelled before _run began: it could not report itself
+            await self._cancelled_before_output()
 
     # ---- the run ------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -91,8 +93,9 @@ class Response:
                 async_omni, text_stage, prepared, s.max_output_tokens, "max_output_tokens"
             )
         except asyncio.CancelledError:
-            # Cancelled while its prompt was prepared: the client already knows this response
-            # exists (a second response.create is refused for it), so it still hears it end.
+            # Cancelled while its prompt was prepared (or, in cancel(), before _run began): the
+            # client already knows this response exists (a second response.create is refused
+            # for it), so it still hears it end.
             await self._cancelled_before_output()
             return
         except Exception as e:  # noqa: BLE001 - an `error` event; the session goes on
