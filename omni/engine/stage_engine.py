@@ -196,9 +196,14 @@ class StageEngine:
     def fail_all(self) -> list[StageResult]:
         """After a step raised: drop every request, and every cached hash, since the failed step
         may have registered blocks whose KV and rows it never wrote."""
-        for request in [r for r in self.scheduler.requests.values() if r.is_finished]:
-            self.scheduler.release(request)  # finished in update() before it raised
-        failed = self.abort(list(self.scheduler.requests))
+        # Finished in update() before it raised: their results were never returned.
+        done = [r for r in self.scheduler.requests.values() if r.is_finished]
+        failed = [self._result(request, tensors={}) for request in done]
+        for request in done:
+            self.rows.forget(request.request_id)
+            self.scheduler.release(request)
+        self.runner.release([request.request_id for request in done])
+        failed += self.abort(list(self.scheduler.requests))
         if not self.kv.reset_prefix_cache():
             logger.error("stage %r: prefix cache not reset, blocks still held", self.name)
         return failed
@@ -259,6 +264,9 @@ class StageEngine:
                 pairs = zip(request.output_token_ids, request.output_codes, strict=True)
                 tensors["codes"] = torch.tensor([(t, *c) for t, c in pairs], dtype=torch.int64)
             results.append(self._result(request, tensors=tensors))
+        # Released only once every result is built: if building one raises, fail_all still
+        # finds all of this step's finished requests and reports them.
+        for request in finished:
             self.scheduler.release(request)
         self.runner.release([request.request_id for request in finished])
         return EngineOutput(updates, results)

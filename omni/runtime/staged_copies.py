@@ -63,8 +63,12 @@ class StagedCopies:
                     done.synchronize()
                 elif not done.query():
                     return
-            for flat, host in staged:
-                flat.index_copy_(0, slots, host)
+            # A cache allocated during the warm-up forward is an inference tensor, and reads
+            # (gather at a request's end) run outside inference mode: the in-place scatter
+            # must be inside it, wherever it is called from.
+            with torch.inference_mode():
+                for flat, host in staged:
+                    flat.index_copy_(0, slots, host)
             self._pending.pop(0)
 
     def wait_on_device(self) -> None:

@@ -218,6 +218,19 @@ def test_staged_write_is_one_copy_per_output_whatever_the_slots():
     assert torch.equal(got["hidden_states"], want)
 
 
+def test_rows_staged_in_inference_mode_are_read_outside_it():
+    """The engine allocates the cache in its warm-up forward and writes it in `execute`, both
+    under inference mode, but reads a finished request's rows in `update`, outside it: the
+    read's scatter of staged rows must not trip over the inference-mode cache (on an H200 it
+    did whenever a copy was still staged at the read)."""
+    cache = OutputCache(16, 4, torch.float32, async_copies=True)
+    rows = torch.randn(5, 3)
+    with torch.inference_mode():
+        cache.discover({"hidden_states": torch.zeros(5, 3)}, 5)
+        cache.write(torch.arange(5), {"hidden_states": rows})
+    assert torch.equal(cache.gather([0, 1], 5, admitted_step=1)["hidden_states"], rows)
+
+
 class _Ops(TorchDispatchMode):
     def __init__(self):
         super().__init__()

@@ -164,3 +164,39 @@ def test_a_failing_step_fails_its_requests_not_the_stage(qwen2_dir, monkeypatch)
         assert host.alive
     finally:
         host.shutdown()
+
+
+def test_a_step_failing_while_it_finishes_requests_fails_them_all(qwen2_dir, monkeypatch):
+    """A step whose update raises while building a finished request's result (its rows'
+    gather): every request that finished in that step gets an error result, the ones whose
+    results were already built included, and the blocks are freed. (Before, those requests
+    were released without a result and their callers waited forever.)"""
+    from omni.host import StageHost
+
+    engine = make_engine(qwen2_dir, block_size=4)
+    original = engine.rows.finish
+    num_calls = [0]
+
+    def second_finish_breaks(request):
+        num_calls[0] += 1
+        if num_calls[0] == 2:
+            raise RuntimeError("gather fell over")
+        return original(request)
+
+    monkeypatch.setattr(engine.rows, "finish", second_finish_breaks)
+    host = StageHost(engine.config, {}, engine=engine)
+    try:
+        host.submit(
+            [
+                StageInput(f"r{i}", list(range(5 + i, 30)), SamplingParams(max_tokens=3))
+                for i in range(3)
+            ]
+        )
+        failed = _finished(host, 3)
+        assert sorted(r.request_id for r in failed) == ["r0", "r1", "r2"]
+        assert all("gather fell over" in r.error for r in failed)
+        assert engine.kv.num_free_blocks == engine.kv.num_blocks
+        assert engine.scheduler.requests == {}
+        assert host.alive
+    finally:
+        host.shutdown()

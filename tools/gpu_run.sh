@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One prepared run on a lent GPU machine (docs/gpu.md, "First run on a GPU machine"): the parts
+# named on the command line, in that order, each under its own time limit, each part's output
+# into $OUT/<part>.log (the device tool returns $OUT even when the call runs out of time).
+#
+#   bash tools/gpu_run.sh suite decode host omni      # after the device-wheels prefix
+#
+# Parts: suite (the whole suite but Ray, `cuda` tests included), cuda (the `cuda` tests alone),
+# decode (bench/gpu.py's decoder parts with the profiler), host (bench/host_step.py), omni
+# (bench/gpu.py's Qwen2.5-Omni 7B parts), qwen3 (bench/gpu.py --family qwen3_omni_moe, cut to
+# 24 thinker layers). Set LIMIT_<part>=seconds to change a part's limit; PYTEST_ARGS adds
+# arguments to the suite's pytest (e.g. a list of test files).
+set -uo pipefail
+out=${OUT:-out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt" 2>&1
+python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton",
+triton.__version__, "transformers", transformers.__version__)' >>"$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+
+run_part() {
+  local part=$1 limit=$2
+  shift 2
+  local var="LIMIT_${part}"
+  limit=${!var:-$limit}
+  local start=$SECONDS
+  echo "== $part (limit ${limit}s): $*"
+  # SIGINT first: pytest then stops like ^C and still prints its failures and summary (a part
+  # killed outright loses them), and the benches print what they measured so far.
+  timeout -s INT --kill-after=20 "$limit" "$@" >"$out/$part.log" 2>&1
+  local rc=$?
+  echo "== $part: exit $rc after $((SECONDS - start))s"
+  tail -n 25 "$out/$part.log"
+}
+
+for part in "$@"; do
+  case $part in
+  suite) run_part suite 360 python3 -m pytest -q -n 12 -m "not ray" -rfE --tb=short \
+    -p no:cacheprovider --timeout 120 --junitxml "$out/suite.xml" ${PYTEST_ARGS:-tests/} ;;
+  cuda) run_part cuda 180 python3 -m pytest -q -n 6 -m cuda -rfE --tb=short \
+    -p no:cacheprovider --timeout 80 --junitxml "$out/cuda.xml" ${PYTEST_ARGS:-tests/} ;;
+  decode) run_part decode 200 python3 bench/gpu.py --profile --skip hf --skip omni \
+    --skip hf-static --decode-batch 16,64 --decode-tokens 64 --prefix-requests 3 ;;
+  host) run_part host 60 python3 bench/host_step.py --batch 16,64 ;;
+  omni) run_part omni 330 python3 bench/gpu.py --skip decode --skip prefix --skip steps \
+    --hf-requests 2 --single 2 --requests 16 --warmup 1 ;;
+  qwen3) run_part qwen3 420 python3 bench/gpu.py --family qwen3_omni_moe --layers 24 \
+    --hf-requests 2 --single 2 --warmup 1 ;;
+  *) echo "unknown part: $part" >&2 ;;
+  esac
+done
