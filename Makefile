@@ -36,6 +36,9 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -n 2 --dist loadfile
+	@# The `cuda` tests share one GPU: skipped under the workers above, run here in one process.
+	@if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+		$(PY) -m pytest -q -m cuda; fi
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not ray"

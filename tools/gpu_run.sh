@@ -3,9 +3,9 @@
 # named on the command line, in that order, each under its own time limit, each part's output
 # into $OUT/<part>.log (the device tool returns $OUT even when the call runs out of time).
 #
-#   bash tools/gpu_run.sh suite decode host omni      # after the device-wheels prefix
+#   bash tools/gpu_run.sh cuda suite decode host omni   # after the device-wheels prefix
 #
-# Parts: suite (the whole suite but Ray, `cuda` tests included), cuda (the `cuda` tests alone),
+# Parts: cuda (the `cuda` tests, in one process), suite (the rest but Ray, 12 workers),
 # decode (bench/gpu.py's decoder parts with the profiler), host (bench/host_step.py), omni
 # (bench/gpu.py's Qwen2.5-Omni 7B parts), qwen3 (bench/gpu.py --family qwen3_omni_moe, cut to
 # 24 thinker layers). Set LIMIT_<part>=seconds to change a part's limit; PYTEST_ARGS adds
@@ -35,10 +35,12 @@ run_part() {
 
 for part in "$@"; do
   case $part in
-  suite) run_part suite 360 python3 -m pytest -q -n 12 -m "not ray" -rfE --tb=short \
-    -p no:cacheprovider --timeout 120 --junitxml "$out/suite.xml" ${PYTEST_ARGS:-tests/} ;;
-  cuda) run_part cuda 180 python3 -m pytest -q -n 6 -m cuda -rfE --tb=short \
-    -p no:cacheprovider --timeout 80 --junitxml "$out/cuda.xml" ${PYTEST_ARGS:-tests/} ;;
+  suite) run_part suite 300 python3 -m pytest -q -n 12 -m "not ray and not cuda" -rfE \
+    --tb=short -p no:cacheprovider --timeout 120 --junitxml "$out/suite.xml" \
+    ${PYTEST_ARGS:-tests/} ;;
+  # One process: each cuda test sizes its pools from the GPU's free memory (tests/conftest.py).
+  cuda) run_part cuda 240 python3 -m pytest -q -m cuda -rfE --tb=short -p no:cacheprovider \
+    --timeout 120 --junitxml "$out/cuda.xml" ${PYTEST_ARGS:-tests/} ;;
   decode) run_part decode 200 python3 bench/gpu.py --profile --skip hf --skip omni \
     --skip hf-static --decode-batch 16,64 --decode-tokens 64 --prefix-requests 3 ;;
   host) run_part host 60 python3 bench/host_step.py --batch 16,64 ;;

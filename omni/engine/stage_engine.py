@@ -2,13 +2,9 @@
 
 `step()` is schedule -> execute -> update. Requests go in as StageInput; a step reports every
 request it advanced (StageUpdate: the new tokens) and every request it finished (StageResult,
-with the per-token output tensors gathered from the output cache).
-
-Device (omni/engine/device.py): weights, KV cache and activations live on the stage's device
-(`engine.device`), in `engine.dtype` (null: bfloat16 on a GPU, float32 on the CPU). The KV pool's
-size and the output cache's place are decided once, at construction (omni/engine/stage_memory.py);
-the output rows' bookkeeping (usable prefix hits, completed blocks, streamed and gathered rows) is
-omni/engine/output_rows.py. Results and updates leave as CPU tensors.
+with the per-token output tensors gathered from the output cache). Device and dtype:
+omni/engine/device.py; the KV pool's size and the output cache's place, decided once at
+construction: omni/engine/stage_memory.py; the output rows' bookkeeping: output_rows.py.
 """
 
 from __future__ import annotations
@@ -188,22 +184,21 @@ class StageEngine:
 
     def abort(self, request_ids: list[str]) -> list[StageResult]:
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
-        for request in finished:
+        return self._dropped(finished)
+
+    def _dropped(self, requests: list[Request]) -> list[StageResult]:
+        for request in requests:
             self.rows.forget(request.request_id)
-        self.runner.release([request.request_id for request in finished])
-        return [self._result(request, tensors={}) for request in finished]
+        self.runner.release([request.request_id for request in requests])
+        return [self._result(request, tensors={}) for request in requests]
 
     def fail_all(self) -> list[StageResult]:
         """After a step raised: drop every request, and every cached hash, since the failed step
         may have registered blocks whose KV and rows it never wrote."""
-        # Finished in update() before it raised: their results were never returned.
         done = [r for r in self.scheduler.requests.values() if r.is_finished]
-        failed = [self._result(request, tensors={}) for request in done]
-        for request in done:
-            self.rows.forget(request.request_id)
+        for request in done:  # finished in update() before it raised: never reported
             self.scheduler.release(request)
-        self.runner.release([request.request_id for request in done])
-        failed += self.abort(list(self.scheduler.requests))
+        failed = self._dropped(done) + self.abort(list(self.scheduler.requests))
         if not self.kv.reset_prefix_cache():
             logger.error("stage %r: prefix cache not reset, blocks still held", self.name)
         return failed
@@ -219,8 +214,7 @@ class StageEngine:
 
     @property
     def has_urgent_work(self) -> bool:
-        """Never: its steps are short, and turns by time already give a new request's prefill
-        the next turn (omni/backends/stage_turns.py)."""
+        """Never: steps are short, turns by time do it (omni/backends/stage_turns.py)."""
         return False
 
     @property
@@ -264,8 +258,7 @@ class StageEngine:
                 pairs = zip(request.output_token_ids, request.output_codes, strict=True)
                 tensors["codes"] = torch.tensor([(t, *c) for t, c in pairs], dtype=torch.int64)
             results.append(self._result(request, tensors=tensors))
-        # Released only once every result is built: if building one raises, fail_all still
-        # finds all of this step's finished requests and reports them.
+        # Released once every result is built: if one raises, fail_all reports them all.
         for request in finished:
             self.scheduler.release(request)
         self.runner.release([request.request_id for request in finished])

@@ -1,5 +1,7 @@
-"""The examples and the CLI's run command, end to end as a user runs them (subprocesses)."""
+"""The examples and the CLI's run command, end to end as a user runs them (subprocesses), on
+the CPU on any machine: the subprocesses see no GPU (`CUDA_VISIBLE_DEVICES` empty)."""
 
+import os
 import re
 import subprocess
 import sys
@@ -15,8 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str, timeout: int = 300) -> str:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(
-        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import OMNI_ON_CPU
 
 from omni import Omni
 from omni.core.sampling_params import SamplingParams
@@ -26,7 +27,9 @@ PARAMS = [
 
 def run(omni_dir: str, stage_threads: str):
     """(which stages had a thread of their own, outputs); every thread joined on the way out."""
-    with Omni(model=omni_dir, runtime={"backend": "local", "stage_threads": stage_threads}) as o:
+    with Omni(
+        model=omni_dir, runtime={"backend": "local", "stage_threads": stage_threads}, **OMNI_ON_CPU
+    ) as o:
         backend = o.backend
         own = {name: host.threaded for name, host in backend.hosts.items()}
         threads = [backend._thread] + [h._thread for h in backend.hosts.values() if h._thread]
@@ -49,7 +52,7 @@ def test_per_stage_threads_equal_one_shared_thread(omni_dir):
 
 
 def test_auto_keeps_cpu_stages_on_one_thread(omni_dir):
-    with Omni(model=omni_dir, runtime={"backend": "local"}) as o:
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU) as o:
         assert o.config.runtime.stage_threads == "auto"
         assert all(host.engine.device.type == "cpu" for host in o.backend.hosts.values())
         assert not any(host.threaded for host in o.backend.hosts.values())

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import on_cpu
 
 from omni.core.sampling_params import SamplingParams
 from omni.entrypoints.omni import Omni
@@ -62,7 +63,7 @@ def test_token_id_prompts_equal_the_original_checkpoint(bare_dir, qwen2_dir):
         SamplingParams(max_tokens=6, ignore_eos=True),
         SamplingParams(max_tokens=6, temperature=0.8, top_k=20, seed=11, ignore_eos=True),
     ]
-    with Omni(model=str(bare_dir), runtime={"backend": "local"}) as bare:
+    with Omni(model=str(bare_dir), runtime={"backend": "local"}, **on_cpu("llm")) as bare:
         assert bare.async_omni.prompt_processor.tokenizer is None
         got = [bare.generate(PROMPTS, p, use_tqdm=False) for p in params]
         with pytest.raises(ValueError) as info:
@@ -70,7 +71,7 @@ def test_token_id_prompts_equal_the_original_checkpoint(bare_dir, qwen2_dir):
         assert _no_tokenizer_message(bare_dir) in str(info.value)
         # The engine still serves token ids after the rejected text prompt.
         (again,) = bare.generate([PROMPTS[0]], params[0], use_tqdm=False)
-    with Omni(model=qwen2_dir, runtime={"backend": "local"}) as full:
+    with Omni(model=qwen2_dir, runtime={"backend": "local"}, **on_cpu("llm")) as full:
         want = [full.generate(PROMPTS, p, use_tqdm=False) for p in params]
     for outputs, expected in zip(got, want, strict=True):
         for out, ref in zip(outputs, expected, strict=True):

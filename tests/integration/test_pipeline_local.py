@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import on_cpu
 from two_stage_support import assert_same, direct_run, prompts, two_stage_config
 
 from omni.core.sampling_params import SamplingParams
@@ -138,7 +139,7 @@ def generated_tokens(upstream, prompt):
 
 def test_diamond_graph_waits_for_all_inputs(dirs):
     qwen2, llama = dirs
-    engine = {"block_size": 4, "num_blocks": 64}
+    engine = {"block_size": 4, "num_blocks": 64, "device": "cpu"}
     sampling = {"max_tokens": 3, "ignore_eos": True}
 
     def stage(name, model, inputs=()):
@@ -180,7 +181,7 @@ def test_yaml_with_variables_and_overrides(dirs):
         repo / "stage_configs" / "tiny_two_stage.yaml",
         variables=variables,
         runtime={"backend": "local"},
-        **{"stages.a.engine.num_blocks": 64},
+        **{"stages.a.engine.num_blocks": 64, **on_cpu("a", "b")},
     ) as omni:
         assert omni.config.stage("a").engine.num_blocks == 64
         assert omni.config.stage("b").model == variables["MODEL_B"]

@@ -69,7 +69,7 @@ def talker_counts(omni_dir: str, **engine: object) -> SyncCounter:
         "name": "talker",
         "model": omni_dir,
         "adapter": "qwen2_5_omni_talker",
-        "engine": {"block_size": 4, "num_blocks": 64, **engine},
+        "engine": {"block_size": 4, "num_blocks": 64, "device": "cpu", **engine},
     }
     engine_ = StageEngine(load_config({"stages": [stage]}).stages[0])
     dim = Qwen2_5OmniConfig.from_pretrained(omni_dir).talker_config.embedding_size

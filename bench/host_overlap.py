@@ -1,0 +1,169 @@
+"""Decode steps on the local backend with the GPU's time simulated: how much of a step the
+stage thread loses to the other Python threads of the process (the driver, the caller's event
+loop) through the GIL.
+
+On the H200 (bench/gpu.py, docs/gpu.md) a B=16 decode step of the 0.5B layout took 2.56 ms with
+1.10 ms of kernels, and the engine's own host work (schedule, prepare, sample, update) is about
+0.2 ms: the rest is the stage thread waiting. Every torch call releases the GIL, and a thread
+that wants it back waits until the holder blocks or its switch interval (5 ms by default) runs
+out, so the driver's and the event loop's per-step Python work lands inside the stage's step.
+
+This bench runs the real pipeline (AsyncOmni, local backend, the tiny qwen2 checkpoint as a
+plain decoder stage on a thread of its own, as a GPU stage gets, CUDA-graph path padded) with
+bench/host_step.py's stand-ins for the model body, its graphs and logits, plus one more: the
+step's sync (`ModelRunner._sample`) first sleeps until --device-ms after the replay, the way
+the GPU's kernels hold the `.tolist()` of a real step (a sleep releases the GIL as a CUDA wait
+does). B requests decode together; it reports the StageEngine.step wall time (p50 over steps
+where all B decode), the GPU busy share it implies (device ms / step), and each thread's CPU
+time per step, for each --switch-interval (sys.setswitchinterval, seconds; 'default' keeps
+Python's). Nothing is asserted; on a shared 2-core machine the figures are indicative.
+
+    python bench/host_overlap.py [--batch 16,64] [--device-ms 1.1] [--tokens 200]
+        [--switch-interval default,0.0005]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, cast
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from host_step import StandIn, install_stand_in_graphs  # noqa: E402
+
+from omni import AsyncOmni  # noqa: E402
+from omni.core.sampling_params import SamplingParams  # noqa: E402
+from omni.runtime import attention  # noqa: E402
+from tools.make_tiny_checkpoint import ensure_checkpoint  # noqa: E402
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds of each thread of this process, by thread name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        name = names.get(int(tid)) or Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        out[name] = out.get(name, 0.0) + (int(stat[11]) + int(stat[12])) / tick
+    return out
+
+
+def install(engine: Any, device_s: float) -> tuple[StandIn, list[float]]:
+    """The stand-ins, the simulated device time, and a timer of StageEngine.step."""
+    stand_in = StandIn(engine.model.hidden_size)
+    engine.model.decode_forward = stand_in
+    engine.model.compute_logits = stand_in.compute_logits
+    install_stand_in_graphs(engine, stand_in)
+    runner = engine.runner
+    sample = runner._sample
+
+    def sample_after_device(*args: Any) -> Any:
+        remaining = stand_in.entered + device_s - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)  # the GPU's kernels: the host waits, the GIL is free
+        return sample(*args)
+
+    runner._sample = sample_after_device
+    walls: list[float] = []
+    step = engine.step
+
+    def timed_step() -> Any:
+        start = time.perf_counter()
+        out = step()
+        walls.append(time.perf_counter() - start)
+        return out
+
+    engine.step = timed_step
+    return stand_in, walls
+
+
+async def level(omni: AsyncOmni, engine: Any, walls: list[float], batch: int, tokens: int) -> dict:
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(128 + i % 16)] for i in range(batch)]
+
+    async def one(ids: list[int]) -> None:
+        async for _ in omni.generate(ids, params):
+            pass
+
+    await asyncio.gather(*(one(p) for p in prompts[: min(batch, 4)]))  # warm-up
+    walls.clear()
+    before, steps_before = thread_cpu_s(), engine.num_steps
+    start = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in prompts))
+    wall = time.perf_counter() - start
+    after, num_steps = thread_cpu_s(), engine.num_steps - steps_before
+    decode = sorted(walls[2:-2])  # the prefill and the ragged end left out
+    cpu = {name: (after[name] - before.get(name, 0.0)) / num_steps for name in after}
+    return {"step": statistics.median(decode), "wall": wall, "steps": num_steps, "cpu": cpu}
+
+
+async def run(args: argparse.Namespace, interval: float | None) -> list[dict]:
+    overrides = {
+        "runtime": {"backend": "local", "stage_threads": "per_stage"},
+        "stages.llm.engine.device": "cpu",
+        "stages.llm.engine.cuda_graphs": True,
+        "stages.llm.engine.max_num_seqs": max(args.batch),
+        "stages.llm.engine.block_size": 16,
+    }
+    default = sys.getswitchinterval()
+    if interval is not None:
+        sys.setswitchinterval(interval)
+    try:
+        async with AsyncOmni(model=args.model, **overrides) as omni:
+            host = cast(Any, omni._driver().backend).hosts["llm"]
+            engine = host.engine
+            _, walls = install(engine, args.device_ms / 1e3)
+            return [await level(omni, engine, walls, b, args.tokens) for b in args.batch]
+    finally:
+        sys.setswitchinterval(default)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", default="16,64")
+    parser.add_argument("--device-ms", type=float, default=1.1, help="simulated kernels per step")
+    parser.add_argument("--tokens", type=int, default=200, help="tokens per request")
+    parser.add_argument("--switch-interval", default="default,0.0005")
+    parser.add_argument("--model", help="a causal LM checkpoint (default: the tiny qwen2)")
+    args = parser.parse_args()
+    args.batch = [int(b) for b in args.batch.split(",")]
+    args.model = args.model or str(ensure_checkpoint("qwen2", "tiny"))
+    attention.uses_triton = lambda device: True  # type: ignore[assignment]  # GPU metadata
+    print(
+        f"simulated device time {args.device_ms} ms per step; stand-in model body; local "
+        f"backend, the stage on its own thread; {os.cpu_count()} CPUs\n"
+    )
+    print("| switch interval | B | step p50 ms | busy (device / step) | thread CPU us/step |")
+    print("|---|---|---|---|---|")
+    for value in args.switch_interval.split(","):
+        interval = None if value == "default" else float(value)
+        label = (
+            f"{sys.getswitchinterval() * 1e3:g} ms (default)"
+            if interval is None
+            else (f"{interval * 1e3:g} ms")
+        )
+        for batch, r in zip(args.batch, asyncio.run(run(args, interval)), strict=True):
+            busy = args.device_ms / (r["step"] * 1e3)
+            threads = ", ".join(
+                f"{name} {v * 1e6:.0f}" for name, v in sorted(r["cpu"].items()) if v * 1e6 >= 5
+            )
+            print(f"| {label} | {batch} | {r['step'] * 1e3:.2f} | {busy:.0%} | {threads} |")
+
+
+if __name__ == "__main__":
+    main()
