@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from omni.messages import PromptInput
@@ -92,6 +92,29 @@ def load_tokenizer(model_dir: str) -> Any | None:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)
+
+
+def text_decoder(tokenizer: Any | None) -> Callable[[list[int]], str | None]:
+    """token ids -> text without special tokens, as `tokenizer.decode(ids,
+    skip_special_tokens=True)` (None without a tokenizer: token ids only). The driver decodes
+    every streamed token, so a plain fast tokenizer (transformers' decode and _decode not
+    overridden, no space cleanup) goes straight to its Rust backend: the same text without
+    transformers' per-call argument handling (~10 us a call)."""
+    if tokenizer is None:
+        return lambda token_ids: None
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    backend: Any = getattr(tokenizer, "_tokenizer", None)
+    plain = (
+        type(tokenizer).decode is PreTrainedTokenizerBase.decode
+        and getattr(type(tokenizer), "_decode", None) is TokenizersBackend._decode
+        and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+    )
+    if plain and backend is not None:
+        return lambda token_ids: backend.decode(token_ids, skip_special_tokens=True)
+    slow = tokenizer
+    return lambda token_ids: slow.decode(token_ids, skip_special_tokens=True)
 
 
 def chat_text(tokenizer: Any, turns: Sequence[ChatTurn]) -> str:

@@ -17,13 +17,14 @@ import contextlib
 import itertools
 import os
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
 from omni.config import OmniConfig, config_for_model, load_config
 from omni.core.sampling_params import SamplingParams
 from omni.driver import PipelineDriver
-from omni.engine.prompt_processor import PromptProcessor, load_tokenizer
+from omni.engine.prompt_processor import PromptProcessor, load_tokenizer, text_decoder
+from omni.entrypoints.request_stream import RequestStream
 from omni.messages import OmniOutput, PromptInput
 from omni.registry import family_of, get_prompt_processor, produces_text
 
@@ -50,6 +51,7 @@ class AsyncOmni:
         # decodes every step).
         self._tokenizer_lock = threading.Lock()
         self._tokenizers: dict[str, Any] = {root.name: self.prompt_processor.tokenizer}
+        self._decoders: dict[str, Callable[[list[int]], str | None]] = {}
         self._ids = itertools.count(1)
         self.driver: PipelineDriver | None = None
         self.driver = PipelineDriver(self.config, self._decode)
@@ -102,7 +104,7 @@ class AsyncOmni:
         non-streamed server response). Named apart from stream_audio because it is a separate
         choice: per-step text of the whole-sequence path, or streamed audio seen only at the
         end, are both valid."""
-        outputs = _RequestStream(asyncio.get_running_loop())
+        outputs = RequestStream(asyncio.get_running_loop())
         self._driver().add(
             request,
             params,
@@ -228,16 +230,15 @@ class AsyncOmni:
         if not produces_text(self.config.stage(stage).adapter):
             return None
         with self._tokenizer_lock:
-            if stage not in self._tokenizers:  # the root's is the prompt processor's (or None)
-                try:
-                    tokenizer = load_tokenizer(self.config.stage(stage).model)
-                except (OSError, ValueError, KeyError):
-                    tokenizer = None  # e.g. a vocoder or codec stage
-                self._tokenizers[stage] = tokenizer
-            tokenizer = self._tokenizers[stage]
-            if tokenizer is None:  # no tokenizer files: token ids only, no text
-                return None
-            return tokenizer.decode(token_ids, skip_special_tokens=True)
+            decode = self._decoders.get(stage)
+            if decode is None:
+                if stage not in self._tokenizers:  # the root's is the prompt processor's
+                    try:
+                        self._tokenizers[stage] = load_tokenizer(self.config.stage(stage).model)
+                    except (OSError, ValueError, KeyError):
+                        self._tokenizers[stage] = None  # e.g. a vocoder or codec stage
+                decode = self._decoders[stage] = text_decoder(self._tokenizers[stage])
+            return decode(token_ids)
 
 
 def _show(value: object) -> str:
@@ -245,34 +246,6 @@ def _show(value: object) -> str:
     text = repr(value)
     text = text if len(text) <= 80 else text[:77] + "..."
     return f"{text} ({type(value).__name__})"
-
-
-class _RequestStream:
-    """The driver -> caller channel of one request. Snapshots are cumulative, so a caller that
-    falls behind gets only the newest one: nothing queues up, nothing is lost."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._latest: OmniOutput | None = None
-        self._ready = asyncio.Event()
-        self.finished = False
-
-    def push(self, output: OmniOutput) -> None:
-        """Called on the driver thread."""
-        self._loop.call_soon_threadsafe(self._put, output)
-
-    def _put(self, output: OmniOutput) -> None:
-        if self._latest is None or not self._latest.finished:
-            self._latest = output
-        self._ready.set()
-
-    async def get(self) -> OmniOutput:
-        await self._ready.wait()
-        self._ready.clear()
-        output, self._latest = self._latest, None
-        assert output is not None
-        self.finished = output.finished
-        return output
 
 
 def resolve_config(

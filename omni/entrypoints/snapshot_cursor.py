@@ -5,8 +5,8 @@ stage's waveform so far, and in the finished one every stage's whole result. `Om
 pieces as partial results), the chat and completions SSE streams (text and pcm16 deltas) and the
 speech stream (pcm bytes) send only what is new since their last piece; this cursor is where that
 is computed, once, for all of them. One cursor per request and consumer, fed its snapshots in
-order; a skipped snapshot (a request's channel keeps only the newest, AsyncOmni._RequestStream)
-only makes the next piece longer: nothing is lost or sent twice.
+order; a skipped snapshot (a request's channel keeps only the newest: request_stream.py) only
+makes the next piece longer: nothing is lost or sent twice.
 
 - Text: the text stage's text as a client sees it (`text`: a stop string the stage stopped on is
   cut off its end). The driver decodes it incrementally once per step for every listener

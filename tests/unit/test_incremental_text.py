@@ -34,3 +34,26 @@ def test_streamed_text_is_a_growing_prefix_of_the_full_decode(tokenizer, text):
 
 def test_non_text_stages_stay_none():
     assert IncrementalText().update([1, 2, 3], lambda ids: None) is None
+
+
+def test_the_decoder_of_a_plain_fast_tokenizer_equals_transformers_decode(tokenizer, llama_dir):
+    """text_decoder goes straight to the Rust backend where that gives transformers' text, and
+    falls back to `decode` where it would not (space cleanup asked for)."""
+    import random
+
+    from omni.engine.prompt_processor import text_decoder
+
+    for tok in (tokenizer, AutoTokenizer.from_pretrained(llama_dir)):
+        decode = text_decoder(tok)
+        assert decode.__code__.co_freevars == ("backend",)  # the fast path was taken
+        rng = random.Random(0)
+        for _ in range(200):  # special tokens included: skipped alike
+            ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(12))]
+            assert decode(ids) == tok.decode(ids, skip_special_tokens=True), ids
+        for text in TEXTS:
+            ids = tok.encode(text, add_special_tokens=False)
+            assert decode(ids) == tok.decode(ids, skip_special_tokens=True)
+    cleaning = AutoTokenizer.from_pretrained(llama_dir, clean_up_tokenization_spaces=True)
+    assert text_decoder(cleaning).__code__.co_freevars == ("slow",)
+    assert text_decoder(None)([1, 2]) is None
+
