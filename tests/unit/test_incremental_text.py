@@ -56,4 +56,3 @@ def test_the_decoder_of_a_plain_fast_tokenizer_equals_transformers_decode(tokeni
     cleaning = AutoTokenizer.from_pretrained(llama_dir, clean_up_tokenization_spaces=True)
     assert text_decoder(cleaning).__code__.co_freevars == ("slow",)
     assert text_decoder(None)([1, 2]) is None
-
