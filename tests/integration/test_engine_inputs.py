@@ -125,20 +125,25 @@ def _finished(host, num_results: int, timeout_s: float = 60.0) -> list:
     return results
 
 
+def _break_second_call(monkeypatch, owner, name: str, message: str) -> None:
+    """owner.name raises RuntimeError(message) on its second call, works otherwise."""
+    original = getattr(owner, name)
+    num_calls = [0]
+
+    def breaks_once(*args):
+        num_calls[0] += 1
+        if num_calls[0] == 2:
+            raise RuntimeError(message)
+        return original(*args)
+
+    monkeypatch.setattr(owner, name, breaks_once)
+
+
 def test_a_failing_step_fails_its_requests_not_the_stage(qwen2_dir, monkeypatch):
     from omni.host import StageHost
 
     engine = make_engine(qwen2_dir, block_size=4)
-    original = engine.runner.execute
-    num_calls = [0]
-
-    def second_step_breaks(scheduler_output):
-        num_calls[0] += 1
-        if num_calls[0] == 2:
-            raise RuntimeError("device fell over")
-        return original(scheduler_output)
-
-    monkeypatch.setattr(engine.runner, "execute", second_step_breaks)
+    _break_second_call(monkeypatch, engine.runner, "execute", "device fell over")
     host = StageHost(engine.config, {}, engine=engine)
     try:
         host.submit(
@@ -174,16 +179,7 @@ def test_a_step_failing_while_it_finishes_requests_fails_them_all(qwen2_dir, mon
     from omni.host import StageHost
 
     engine = make_engine(qwen2_dir, block_size=4)
-    original = engine.rows.finish
-    num_calls = [0]
-
-    def second_finish_breaks(request):
-        num_calls[0] += 1
-        if num_calls[0] == 2:
-            raise RuntimeError("gather fell over")
-        return original(request)
-
-    monkeypatch.setattr(engine.rows, "finish", second_finish_breaks)
+    _break_second_call(monkeypatch, engine.rows, "finish", "gather fell over")
     host = StageHost(engine.config, {}, engine=engine)
     try:
         host.submit(
