@@ -26,7 +26,7 @@ class Outbox:
     _by_loop_lock = threading.Lock()
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._loop = weakref.ref(loop)  # weak: a strong one would keep its _by_loop entry alive
         self._lock = threading.Lock()
         self._items: list[tuple[RequestStream, OmniOutput]] = []
 
@@ -44,8 +44,11 @@ class Outbox:
             self._items.append((stream, output))
             if len(self._items) > 1:
                 return  # a flush is already scheduled and will take this one too
+        loop = self._loop()
         try:
-            self._loop.call_soon_threadsafe(self._flush)
+            if loop is None:
+                raise RuntimeError("the caller's event loop is gone")
+            loop.call_soon_threadsafe(self._flush)
         except RuntimeError:  # the caller's loop is closed: nobody is listening any more
             with self._lock:
                 self._items.clear()

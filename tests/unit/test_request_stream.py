@@ -63,3 +63,16 @@ def test_a_push_after_the_callers_loop_closed_is_dropped():
     loop.close()
     stream.push(snapshot(1))  # no exception on the driver thread
     assert stream._outbox._items == []
+
+
+def test_a_closed_loop_is_not_kept_alive_by_its_outbox():
+    import gc
+    import weakref
+
+    loop = asyncio.new_event_loop()
+    Outbox.of(loop)
+    gone = weakref.ref(loop)
+    loop.close()
+    del loop
+    gc.collect()
+    assert gone() is None
