@@ -4,6 +4,7 @@
 # into $OUT/<part>.log (the device tool returns $OUT even when the call runs out of time).
 #
 #   bash tools/gpu_run.sh cuda suite decode host omni   # after the device-wheels prefix
+#   bash tools/gpu_run.sh cuda+suite omni               # cuda and suite at the same time
 #
 # Parts: cuda (the `cuda` tests, in one process), suite (the rest but Ray, 12 workers),
 # decode (bench/gpu.py's decoder parts with the profiler), host (bench/host_step.py), omni
@@ -33,7 +34,8 @@ run_part() {
   tail -n 25 "$out/$part.log"
 }
 
-for part in "$@"; do
+run_one() {
+  local part=$1
   case $part in
   suite) run_part suite 300 python3 -m pytest -q -n 12 -m "not ray and not cuda" -rfE \
     --tb=short -p no:cacheprovider --timeout 120 --junitxml "$out/suite.xml" \
@@ -50,4 +52,12 @@ for part in "$@"; do
     --hf-requests 2 --single 2 --warmup 1 ;;
   *) echo "unknown part: $part" >&2 ;;
   esac
+}
+
+# Parts joined by "+" run at the same time (e.g. cuda+suite: the suite's tests are pinned to the
+# CPU, so they do not compete for the GPU memory the cuda tests size their pools from).
+for group in "$@"; do
+  IFS=+ read -ra parts <<<"$group"
+  for part in "${parts[@]}"; do run_one "$part" & done
+  wait
 done
