@@ -10,7 +10,9 @@ GPU twins are in tests/cuda.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
@@ -63,6 +65,15 @@ def on_cpu(*stages: str) -> dict[str, str]:
 
 OMNI_ON_CPU = on_cpu(*OMNI_STAGES)
 """`Omni(model=omni_dir, **OMNI_ON_CPU)`: the whole tiny Qwen2.5-Omni pipeline on the CPU."""
+
+
+def python_path(*first: str | Path, leave_out: str | Path | None = None) -> str:
+    """A subprocess's PYTHONPATH: `first` ahead of this process's own entries, which stay (a
+    machine may keep dependencies there, as the GPU machine keeps its wheels), but `leave_out`."""
+    outer = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if leave_out is not None:
+        outer = [p for p in outer if Path(p).resolve() != Path(leave_out).resolve()]
+    return os.pathsep.join([*map(str, first), *outer])
 
 
 def cli_sets(overrides: dict[str, object]) -> list[str]:

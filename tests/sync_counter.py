@@ -107,6 +107,7 @@ class SyncCounter(TorchDispatchMode):
         self.counts: dict[str, list[str]] = defaultdict(list)
         self.sites: dict[str, list[str]] = defaultdict(list)  # "file:line reason", as counts
         self._in_from_numpy = 0
+        self._in_tolist = 0  # a GPU tensor's tolist copies to the host: one sync, counted once
         self._saved: dict[str, Any] = {}
 
     def _record(self, why: str) -> None:
@@ -125,7 +126,9 @@ class SyncCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         why = why_it_syncs(func, args, kwargs)
-        if why is not None and not (why == "tensor from Python data" and self._in_from_numpy):
+        if why is None or self._in_tolist:
+            return func(*args, **kwargs)
+        if not (why == "tensor from Python data" and self._in_from_numpy):
             self._record(why)
         return func(*args, **kwargs)
 
@@ -135,7 +138,11 @@ class SyncCounter(TorchDispatchMode):
 
         def counted_tolist(tensor: torch.Tensor) -> Any:
             counter._record("tolist")
-            return tolist(tensor)
+            counter._in_tolist += 1
+            try:
+                return tolist(tensor)
+            finally:
+                counter._in_tolist -= 1
 
         def uncounted_from_numpy(array: Any) -> torch.Tensor:
             counter._in_from_numpy += 1

@@ -88,8 +88,14 @@ class GpuReadings:
 
 
 def allocated_bytes(device: torch.device) -> int:
-    """This process's torch allocations on `device` now (0 off a GPU): a stage's baseline."""
-    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0
+    """This process's torch allocations on `device` now (0 off a GPU): a stage's baseline.
+    Garbage is collected first, as the profile's readings do (GpuReadings.release): tensors
+    that only a reference cycle held would otherwise count in the baseline and be gone by the
+    reading after the load, which then comes out below it."""
+    if device.type != "cuda":
+        return 0
+    gc.collect()
+    return int(torch.cuda.memory_allocated(device))
 
 
 def split_profile(

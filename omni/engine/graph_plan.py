@@ -43,6 +43,25 @@ def padded_decode(config: StageConfig, model: object, device: torch.device) -> b
     return requested is True or device.type == "cuda"
 
 
+def chunk_graphs(config: StageConfig, model: object, device: torch.device) -> bool:
+    """A generation stage whose adapter can replay its chunk decode as CUDA graphs
+    (`enable_cuda_graphs(max_chunks_per_step)`, e.g. token2wav's DiT) gets them under the same
+    rules as padded_decode: null on a GPU, true anywhere (eager buffers on the CPU)."""
+    requested = config.engine.cuda_graphs
+    enable = getattr(model, "enable_cuda_graphs", None)
+    if requested is False or (requested is None and device.type != "cuda"):
+        return False
+    if enable is None:
+        if requested:
+            raise config_error(
+                f"stages.{config.name}.engine.cuda_graphs",
+                f"is true, but adapter {config.adapter!r} has no graphed decode",
+            )
+        return False
+    enable(config.engine.max_num_seqs)
+    return True
+
+
 def fuse_kernels(config: StageConfig, model: object, device: torch.device) -> int:
     """Install the fused forwards on the adapter's torch models; returns the modules patched.
     Before the memory profile and the capture, which must see the fused forwards."""

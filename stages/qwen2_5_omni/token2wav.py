@@ -51,6 +51,7 @@ from stages.qwen2_5_omni.token2wav_chunks import (
     request_noise,
     solve_mels,
 )
+from stages.qwen2_5_omni.token2wav_graphs import VelocityGraphs
 from stages.qwen2_5_omni.token2wav_memory import (
     WHOLE_DECODE_BUDGET_BYTES,
     max_whole_decode_codes,
@@ -104,6 +105,25 @@ class OmniToken2WavAdapter(StageModelBase):
             budget_bytes=whole_decode_budget_bytes,
         )  # fmt: skip
         self._encoded_speakers: dict[str, SpeakerInputs] = {}
+        self.velocity_graphs: VelocityGraphs | None = None
+
+    def enable_cuda_graphs(self, max_chunks_per_step: int) -> None:
+        """Streamed chunks' DiT evaluations replayed as CUDA graphs (token2wav_graphs.py),
+        frames padded to two attention blocks; on the CPU the same shapes run eagerly."""
+        self.velocity_graphs = VelocityGraphs(
+            self.dit, frame_multiple=2 * self.dit.block_size, max_rows=max_chunks_per_step
+        )
+
+    def graph_stats(self) -> dict[str, Any]:
+        graphs = self.velocity_graphs
+        if graphs is None:
+            return {"cuda_graphs": 0}
+        return {
+            "cuda_graphs": graphs.num_graphs,
+            "graph_captures": graphs.num_captures,
+            "graph_replays": graphs.num_replays,
+            "capture_s": graphs.capture_s,
+        }
 
     def check_inputs(self, stage_input: StageInput) -> None:
         codes = stage_input.prompt_token_ids
@@ -178,7 +198,7 @@ class OmniToken2WavAdapter(StageModelBase):
         mels: list[torch.Tensor] = [torch.empty(0)] * len(jobs)
         for (num_steps, sway_coefficient), indices in groups.items():
             inputs = [self._dit_window(jobs[i], windows[i]) for i in indices]
-            solved = solve_mels(self.dit, inputs, num_steps, sway_coefficient)
+            solved = solve_mels(self.dit, inputs, num_steps, sway_coefficient, self.velocity_graphs)
             for index, mel in zip(indices, solved, strict=True):
                 mels[index] = mel.T  # BigVGAN takes [mel_dim, frames]
         chunks = []

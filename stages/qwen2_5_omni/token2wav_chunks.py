@@ -25,8 +25,11 @@ padding). So each job's output equals its unbatched output up to float rounding.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniDiTConfig
@@ -108,53 +111,97 @@ def encode_speaker(
     return SpeakerInputs(cond=cond.reshape(-1), encoded=encoded)
 
 
+class VelocityGraphsLike(Protocol):
+    """What solve_mels needs of token2wav_graphs.VelocityGraphs (fixed shapes, replayed)."""
+
+    def padded_shape(self, num_frames: int, num_jobs: int) -> tuple[int, int]: ...
+
+    def velocity(
+        self, inputs: tuple[torch.Tensor, ...], state: torch.Tensor, time_step: torch.Tensor
+    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]: ...
+
+
 def solve_mels(
-    dit: torch.nn.Module, windows: list[DitWindow], num_steps: int, sway_coefficient: float | None
+    dit: torch.nn.Module,
+    windows: list[DitWindow],
+    num_steps: int,
+    sway_coefficient: float | None,
+    graphs: VelocityGraphsLike | None = None,
 ) -> list[torch.Tensor]:
     """Each window's mel [num_frames, mel_dim]: one RK4 solve as in
     Qwen2_5OmniToken2WavDiTModel.sample, one DiT forward (all windows, CFG rows included) per
-    evaluation. The forward is the DiT's own modules in its order, with the speaker encoder
-    hoisted out, absolute positions and a padding-aware block_diff."""
+    evaluation (dit_velocity). With `graphs` the batch is padded to one of its shapes (more
+    frames, and rows of no frames: both outside every real frame's attention) and each
+    evaluation is a replay."""
     num_jobs = len(windows)
     device = windows[0].noise.device  # the DiT's: every window's tensors are there
     lengths = [w.frame_codes.numel() for w in windows]
-    num_frames = max(lengths)
-    initial = torch.zeros(num_jobs, num_frames, dit.mel_dim, device=device)
-    codes = torch.zeros(num_jobs, num_frames, dtype=torch.long, device=device)
+    num_frames, num_rows = max(lengths), num_jobs
+    if graphs is not None:
+        num_frames, num_rows = graphs.padded_shape(num_frames, num_jobs)
+    padding_rows = num_rows - num_jobs
+    initial = torch.zeros(num_rows, num_frames, dit.mel_dim, device=device)
+    codes = torch.zeros(num_rows, num_frames, dtype=torch.long, device=device)
     for row, (window, length) in enumerate(zip(windows, lengths, strict=True)):
         initial[row, :length] = window.noise
         codes[row, :length] = window.frame_codes
-    static = torch.cat([_conditioning(dit, windows, codes, conditioned) for conditioned in (1, 0)])
-    offsets = torch.tensor([w.first_frame for w in windows], device=device)
+    padded = windows + windows[:1] * padding_rows  # a padding row's speaker is never heard
+    static = torch.cat([_conditioning(dit, padded, codes, conditioned) for conditioned in (1, 0)])
+    offsets = torch.tensor([w.first_frame for w in windows] + [0] * padding_rows, device=device)
     frames = torch.arange(num_frames, device=device)
     positions = (offsets[:, None] + frames).repeat(2, 1)  # CFG: rows twice
-    position_embeddings = dit.rotary_embed(initial, positions)
-    block_diff = _block_diff(
-        lengths, num_frames, dit.block_size, dit.num_attention_heads, device=device
-    )
+    cos, sin = dit.rotary_embed(initial, positions)
+    block_diff = _block_diff(lengths + [0] * padding_rows, num_frames, dit.block_size, device)
     # transformers skips CFG below GUIDANCE_OFF: a zero scale keeps exactly the guided output.
     scale = [w.guidance_scale if w.guidance_scale >= GUIDANCE_OFF else 0.0 for w in windows]
-    guidance = torch.tensor(scale, device=device).view(num_jobs, 1, 1)
-
-    def velocity(time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        time_embedding = dit.time_embed(time_step.repeat(2 * num_jobs))
-        hidden = dit.input_embed.proj(torch.cat((torch.cat([state, state]), static), dim=-1))
-        for layer in dit.transformer_blocks:
-            hidden = layer(
-                hidden,
-                time_embedding,
-                position_embeddings=position_embeddings,
-                block_diff=block_diff,
-            )
-        output = dit.proj_out(dit.norm_out(hidden, time_embedding))
-        guided, null = torch.chunk(output, 2, dim=0)
-        return guided + (guided - null) * guidance
+    guidance = torch.tensor(scale + [0.0] * padding_rows, device=device).view(num_rows, 1, 1)
+    inputs = (static, cos, sin, block_diff, guidance)
 
     times = torch.linspace(0, 1, num_steps, dtype=initial.dtype, device=device)
     if sway_coefficient is not None:
         times += sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
+    velocity: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    if graphs is None:
+        velocity = functools.partial(_eager_velocity, dit, inputs)
+    else:
+        velocity = graphs.velocity(inputs, initial, times[0])
     final = RungeKutta4ODESolver(function=velocity, initial_value=initial).integrate(times)[-1]
     return [final[row, :length] for row, length in enumerate(lengths)]
+
+
+def dit_velocity(
+    dit: torch.nn.Module,
+    time_step: torch.Tensor,
+    state: torch.Tensor,
+    static: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    block_diff: torch.Tensor,
+    guidance: torch.Tensor,
+) -> torch.Tensor:
+    """One evaluation of the ODE: the DiT's own modules in its order (speaker encoder hoisted
+    out into `static`), the conditioned and null (CFG) rows of every job in one forward,
+    combined by each job's guidance. Device work only (no host sync): capturable."""
+    num_rows = state.shape[0]
+    time_embedding = dit.time_embed(time_step.repeat(2 * num_rows))
+    hidden = dit.input_embed.proj(torch.cat((torch.cat([state, state]), static), dim=-1))
+    block_diff = block_diff.expand(-1, dit.num_attention_heads, -1, -1)
+    for layer in dit.transformer_blocks:
+        hidden = layer(
+            hidden, time_embedding, position_embeddings=(cos, sin), block_diff=block_diff
+        )
+    output = dit.proj_out(dit.norm_out(hidden, time_embedding))
+    guided, null = torch.chunk(output, 2, dim=0)
+    return guided + (guided - null) * guidance
+
+
+def _eager_velocity(
+    dit: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    time_step: torch.Tensor,
+    state: torch.Tensor,
+) -> torch.Tensor:
+    return dit_velocity(dit, time_step, state, *inputs)
 
 
 def _conditioning(
@@ -176,24 +223,19 @@ def _conditioning(
 
 
 def _block_diff(
-    lengths: list[int],
-    num_frames: int,
-    block_size: int,
-    num_heads: int,
-    device: torch.device | None = None,
+    lengths: list[int], num_frames: int, block_size: int, device: torch.device | None = None
 ) -> torch.Tensor:
-    """[2 * jobs, heads, T, T] key block - query block, as the DiT's _create_block_diff, with
+    """[2 * jobs, 1, T, T] key block - query block, as the DiT's _create_block_diff, with
     real <-> padding pairs OUTSIDE every layer's reach and padding <-> padding in one block
     (a padding row needs something to attend to, or SDPA returns NaN rows). Built on the host,
-    moved to `device` before the (free) expansion over heads."""
+    then moved to `device`; dit_velocity expands it over the heads (free)."""
     blocks = torch.arange(num_frames) // block_size
     diff = (blocks[None, :] - blocks[:, None]).repeat(len(lengths), 1, 1)
     for row, length in enumerate(lengths):
         diff[row, :length, length:] = OUTSIDE
         diff[row, length:, :length] = OUTSIDE
         diff[row, length:, length:] = 0
-    diff = torch.cat([diff, diff]).to(device)
-    return diff[:, None].expand(-1, num_heads, -1, -1)
+    return torch.cat([diff, diff]).to(device)[:, None]
 
 
 def default_context(dit_config: Qwen2_5OmniDiTConfig, vocoder_frames: int) -> tuple[int, int]:

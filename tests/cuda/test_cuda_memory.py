@@ -8,6 +8,7 @@ poisons its process's CUDA context, so that test runs its pipeline in a child pr
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -29,6 +30,29 @@ pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 
 CUDA = torch.device("cuda", 0)
 REPO = Path(__file__).resolve().parents[2]
+
+
+class _Cycle:
+    """An object only a reference cycle keeps: freed at the next garbage collection."""
+
+    def __init__(self) -> None:
+        self.itself = self
+        self.tensor = torch.empty(1 << 20, dtype=torch.uint8, device=CUDA)
+
+
+def test_garbage_freed_while_a_stage_loads_is_not_in_its_baseline(qwen2_dir):
+    """GPU garbage left by earlier work (an earlier test's engine, here a cycle) is collected by
+    the profile's readings: counted in the baseline taken before loading, the baseline came out
+    above the loaded reading and the engine refused to start (every cuda test after the first
+    did on an H200)."""
+    gc.disable()
+    try:
+        _Cycle()
+        engine = make_engine(qwen2_dir, device="cuda", block_size=4, num_blocks=64)
+        results = run_engine(engine, [[5, 6, 7]], SamplingParams(max_tokens=2, ignore_eos=True))
+        assert [len(r.token_ids) for r in results] == [2]
+    finally:
+        gc.enable()
 
 
 def test_a_stage_is_sized_from_its_own_footprint(qwen2_dir):

@@ -17,7 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from helpers import transformers_greedy
+from helpers import python_path, transformers_greedy
 
 from omni import registry
 from omni.config import config_for_model
@@ -128,7 +128,7 @@ def test_a_new_family_is_its_package_plus_one_line(tmp_path, llama_dir):
     assert [s.adapter for s in config_for_model(llama_dir).stages] == ["causal_lm"]
     site = tmp_path / "site"
     _write_family(site)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    env = {**os.environ, "PYTHONPATH": python_path(site, REPO)}
     done = subprocess.run(
         [sys.executable, "-c", RUN, llama_dir, json.dumps(PROMPT)],
         cwd=tmp_path,

@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import OMNI_ON_CPU
+from helpers import OMNI_ON_CPU, python_path
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -66,7 +66,8 @@ def omni_type_dir(tmp_path) -> str:
 
 
 def _python(code_or_args: list[str], path: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(path)}  # ahead of the venv's editable install
+    # Ahead of the venv's editable install; the checkout itself is left out when `path` is not it.
+    env = {**os.environ, "PYTHONPATH": python_path(path, leave_out=REPO)}
     return subprocess.run(
         [sys.executable, *code_or_args], cwd=cwd, env=env, capture_output=True, text=True
     )

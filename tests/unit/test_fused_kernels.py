@@ -46,10 +46,19 @@ def assert_bit_equal(got, want):
     assert torch.equal(got.cpu(), want.cpu()), (got.float() - want.float()).abs().max()
 
 
-def assert_products_equal(got, want):
-    """Sums of products: bit-equal under the interpreter; on a GPU within one ulp, since the
-    compiler contracts a multiply and an add into one FMA (one rounding instead of two)."""
-    (assert_ulp_close if DEVICE == "cuda" else assert_bit_equal)(got, want)
+def assert_products_equal(got, want, magnitude):
+    """Sums of products: bit-equal under the interpreter. On a GPU the compiler contracts a
+    multiply and an add into one FMA (one rounding instead of two), so each element is within
+    two ulps of `magnitude` (the sum of its terms' absolute values), not of the result: where
+    the terms cancel (x*cos - y*sin near zero) the result's own ulp is far smaller than the
+    rounding of either term (measured on an H200: 0.014 relative in bf16)."""
+    if DEVICE != "cuda":
+        assert_bit_equal(got, want)
+        return
+    assert got.dtype == want.dtype and got.shape == want.shape
+    error = (got.float() - want.float()).abs()
+    bound = 2 * ULP[want.dtype] * magnitude.float()
+    assert bool((error <= bound).all()), f"worst excess {(error - bound).max().item():.3g}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -155,7 +164,10 @@ def test_rotary_on_a_fused_qkv_buffer(dtype, heads, head_dim):
     want = rotary_reference(
         before.view(9, total, head_dim)[:, : num_heads + num_kv_heads], cos, sin
     )
-    assert_products_equal(view[:, : num_heads + num_kv_heads], want)
+    x = before.view(9, total, head_dim)[:, : num_heads + num_kv_heads].float().abs()
+    swapped = torch.cat((x[..., head_dim // 2 :], x[..., : head_dim // 2]), dim=-1)
+    magnitude = x * cos.float().abs()[:, None] + swapped * sin.float().abs()[:, None]
+    assert_products_equal(view[:, : num_heads + num_kv_heads], want, magnitude)
     assert_bit_equal(
         view[:, num_heads + num_kv_heads :], before.view(9, total, head_dim)[:, -num_kv_heads:]
     )

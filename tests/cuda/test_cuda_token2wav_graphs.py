@@ -1,0 +1,69 @@
+"""token2wav's DiT evaluations replayed as CUDA graphs (stages/qwen2_5_omni/token2wav_graphs.py)
+on a GPU, float32 with TF32 off: streamed chunks equal the eager ones on the same GPU, the
+shapes are captured once and replayed after, and a streaming engine on the GPU turns them on by
+default. The per-chunk time, eager and replayed, is printed (not asserted; bench/gpu.py
+measures the pipeline)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from omni.engine import GenerationEngine
+from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
+from tests.integration.test_token2wav_graphs import (
+    assert_chunks_close,
+    jobs_of,
+    stream,
+    token2wav_stage,
+)
+from tests.integration.test_token2wav_stream import amplify_dit, random_codes
+
+pytestmark = [pytest.mark.cuda, pytest.mark.slow]
+
+CUDA = torch.device("cuda", 0)
+
+
+def timed_chunks(adapter: OmniToken2WavAdapter, jobs) -> tuple[list[torch.Tensor], float]:
+    torch.cuda.synchronize(CUDA)
+    start = time.perf_counter()
+    chunks = adapter.decode_chunks(jobs)
+    torch.cuda.synchronize(CUDA)
+    return chunks, time.perf_counter() - start
+
+
+def test_replayed_chunks_equal_eager_on_the_gpu(omni_dir):
+    eager = amplify_dit(OmniToken2WavAdapter(omni_dir, device=CUDA))
+    graphed = amplify_dit(OmniToken2WavAdapter(omni_dir, device=CUDA))
+    graphed.enable_cuda_graphs(4)
+    graphs = graphed.velocity_graphs
+    assert graphs is not None
+    codes = random_codes(60, seed=1)
+    want, _ = timed_chunks(eager, jobs_of(codes))  # warms the eager kernels too
+    got, capture_s = timed_chunks(graphed, jobs_of(codes))
+    assert_chunks_close(got, want)
+    assert (graphs.num_captures, graphs.num_graphs) == (2, 2)
+    other = random_codes(60, seed=2)
+    want, eager_s = timed_chunks(eager, jobs_of(other))
+    got, replay_s = timed_chunks(graphed, jobs_of(other))
+    assert_chunks_close(got, want)
+    assert graphs.num_captures == 2  # replayed, not captured again
+    print(
+        f"\n4 chunks, two ODE schedules: eager {eager_s * 1e3:.1f} ms, replayed "
+        f"{replay_s * 1e3:.1f} ms (first call, capturing: {capture_s * 1e3:.1f} ms)"
+    )
+
+
+def test_a_streaming_engine_on_the_gpu_replays_by_default(omni_dir):
+    adapter = amplify_dit(OmniToken2WavAdapter(omni_dir, device=CUDA))
+    stage = GenerationEngine(token2wav_stage(omni_dir, None), model=adapter)
+    assert stage.cuda_graphs
+    eager = amplify_dit(OmniToken2WavAdapter(omni_dir, device=CUDA))
+    codes = random_codes(30, seed=4)
+    audio = stream(stage, codes)
+    want = stream(GenerationEngine(token2wav_stage(omni_dir, False), model=eager), codes)
+    assert audio.device.type == "cpu"
+    torch.testing.assert_close(audio, want, atol=1e-4, rtol=0)
+    assert stage.stats()["graph_replays"] > 0

@@ -1,0 +1,145 @@
+"""token2wav's DiT evaluations through VelocityGraphs (stages/qwen2_5_omni/token2wav_graphs.py),
+run on the CPU, where the graphs' padded shapes and reused buffers run eagerly: streamed chunks
+equal the unpadded eager ones (padding rows and frames sit outside every real frame's
+attention; the amplified DiT shows a leak as 1e-3 and more), a shape's buffers reloaded for
+another solve give that solve's chunks, the least recently used shape is dropped, and
+`engine.cuda_graphs` turns it on. The GPU's replays: tests/cuda/test_cuda_token2wav_graphs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni.config import ConfigError, load_config
+from omni.engine import GenerationEngine
+from omni.engine.graph_plan import chunk_graphs
+from omni.messages import InputDelta
+from omni.runtime.stage_model import ChunkJob
+from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
+from stages.qwen2_5_omni.token2wav_graphs import VelocityGraphs
+from tests.integration.test_token2wav_stream import (
+    SEED,
+    amplify_dit,
+    random_codes,
+    streaming,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def amplified(omni_dir) -> OmniToken2WavAdapter:
+    return amplify_dit(OmniToken2WavAdapter(omni_dir))
+
+
+def graphed(omni_dir: str, max_rows: int = 4) -> OmniToken2WavAdapter:
+    adapter = amplify_dit(OmniToken2WavAdapter(omni_dir))
+    adapter.enable_cuda_graphs(max_rows)
+    return adapter
+
+
+def jobs_of(codes: list[int], seed: int = SEED) -> list[ChunkJob]:
+    """Three chunks of one ODE schedule (padded to 4 rows), one of another (1 row)."""
+    return [
+        ChunkJob(tuple(codes[:15]), 0, 10, 0, 5, False, seed),
+        ChunkJob(tuple(codes[:40]), 10, 30, 12, 10, False, seed + 1, {"speaker": "Ethan"}),
+        ChunkJob(tuple(codes), 40, 60, 12, 12, True, seed, {"guidance_scale": 0.0}),
+        ChunkJob(tuple(codes), 57, 60, 3, 0, True, seed, {"num_steps": 6}),
+    ]
+
+
+def assert_chunks_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    assert [c.shape for c in got] == [c.shape for c in want]
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_padded_shapes():
+    graphs = VelocityGraphs(torch.nn.Module(), frame_multiple=48, max_rows=6)
+    assert graphs.padded_shape(1, 1) == (48, 1)
+    assert graphs.padded_shape(48, 2) == (48, 2)
+    assert graphs.padded_shape(49, 3) == (96, 4)
+    assert graphs.padded_shape(10, 5) == (48, 6)  # the next power of two, capped at max_rows
+    assert graphs.padded_shape(10, 7) == (48, 7)  # more than max_rows: as many as there are
+    with pytest.raises(ValueError, match="frame_multiple 0"):
+        VelocityGraphs(torch.nn.Module(), frame_multiple=0, max_rows=1)
+
+
+def test_graphed_chunks_equal_eager_and_reuse_their_shapes(omni_dir, amplified):
+    adapter = graphed(omni_dir)
+    graphs = adapter.velocity_graphs
+    assert graphs is not None
+    first, second = random_codes(60, seed=1), random_codes(60, seed=2)
+    assert_chunks_close(
+        adapter.decode_chunks(jobs_of(first)), amplified.decode_chunks(jobs_of(first))
+    )
+    assert (graphs.num_captures, graphs.num_graphs) == (2, 2)
+    assert graphs.num_replays == 36 + 20  # RK4: 4 evaluations per step, 10 and 6 time points
+    # The same shapes, other codes and seeds: the buffers are reloaded, nothing is captured.
+    got = adapter.decode_chunks(jobs_of(second, seed=SEED + 5))
+    assert_chunks_close(got, amplified.decode_chunks(jobs_of(second, seed=SEED + 5)))
+    assert graphs.num_captures == 2
+    assert adapter.graph_stats()["cuda_graphs"] == 2
+
+
+def test_the_least_recently_used_shape_is_dropped(omni_dir, amplified):
+    adapter = graphed(omni_dir)
+    graphs = adapter.velocity_graphs
+    assert graphs is not None
+    graphs.max_graphs = 1
+    codes = random_codes(60, seed=3)
+    for _ in range(2):  # two shapes per call, one kept: each solve captures again
+        assert_chunks_close(
+            adapter.decode_chunks(jobs_of(codes)), amplified.decode_chunks(jobs_of(codes))
+        )
+    assert (graphs.num_captures, graphs.num_graphs) == (4, 1)
+
+
+def token2wav_stage(omni_dir: str, cuda_graphs: bool | None):
+    stage = {
+        "name": "token2wav",
+        "model": omni_dir,
+        "kind": "generation",
+        "adapter": "qwen2_5_omni_token2wav",
+        "engine": {"seed": SEED, "max_num_seqs": 4, "cuda_graphs": cuda_graphs},
+        "stream": {"first_chunk_size": 4, "chunk_size": 8, "left_context": 8, "look_ahead": 4},
+    }
+    return load_config({"stages": [stage]}).stages[0]
+
+
+def stream(stage: GenerationEngine, codes: list[int]) -> torch.Tensor:
+    """One request streamed in two deltas; its audio (checked to be its chunks joined)."""
+    stage.add_request(streaming("s", codes[:10]))
+    stage.extend_request(InputDelta("s", codes[10:], finished=True))
+    chunks, finished = [], []
+    while stage.has_unfinished:
+        output = stage.step()
+        chunks += [u.audio for u in output.updates]
+        finished += output.finished
+    (result,) = finished
+    assert len(chunks) > 1 and torch.equal(result.audio, torch.cat(chunks))
+    return result.audio
+
+
+@pytest.mark.parametrize("cuda_graphs", [True, None, False])
+def test_the_engine_turns_them_on_by_config(omni_dir, amplified, cuda_graphs):
+    """true: on (eager buffers on the CPU), the same audio; null: only on a GPU; false: off."""
+    adapter = amplify_dit(OmniToken2WavAdapter(omni_dir))
+    stage = GenerationEngine(token2wav_stage(omni_dir, cuda_graphs), model=adapter)
+    assert stage.cuda_graphs is (cuda_graphs is True)
+    codes = random_codes(30, seed=4)
+    audio = stream(stage, codes)
+    eager = stream(GenerationEngine(token2wav_stage(omni_dir, False), model=amplified), codes)
+    torch.testing.assert_close(audio, eager, atol=1e-4, rtol=0)
+    stats = stage.stats()
+    if cuda_graphs:
+        assert stats["graph_captures"] > 0 and stats["graph_replays"] > 0
+    else:
+        assert stats["cuda_graphs"] == 0 and "graph_captures" not in stats
+
+
+def test_true_without_a_graphed_decode_is_a_config_error(omni_dir):
+    with pytest.raises(ConfigError, match=r"stages\.token2wav\.engine\.cuda_graphs"):
+        chunk_graphs(token2wav_stage(omni_dir, True), object(), torch.device("cpu"))
+    assert not chunk_graphs(token2wav_stage(omni_dir, None), object(), torch.device("cpu"))
