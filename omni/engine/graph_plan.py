@@ -45,8 +45,9 @@ def padded_decode(config: StageConfig, model: object, device: torch.device) -> b
 
 def chunk_graphs(config: StageConfig, model: object, device: torch.device) -> bool:
     """A generation stage whose adapter can replay its chunk decode as CUDA graphs
-    (`enable_cuda_graphs(max_chunks_per_step)`, e.g. token2wav's DiT) gets them under the same
-    rules as padded_decode: null on a GPU, true anywhere (eager buffers on the CPU)."""
+    (`enable_cuda_graphs(max_chunks_per_step, required)`, e.g. token2wav's DiT) gets them under
+    the same rules as padded_decode: null on a GPU (a failed capture falls back to eager), true
+    anywhere (eager buffers on the CPU; a failed capture is an error)."""
     requested = config.engine.cuda_graphs
     enable = getattr(model, "enable_cuda_graphs", None)
     if requested is False or (requested is None and device.type != "cuda"):
@@ -58,7 +59,7 @@ def chunk_graphs(config: StageConfig, model: object, device: torch.device) -> bo
                 f"is true, but adapter {config.adapter!r} has no graphed decode",
             )
         return False
-    enable(config.engine.max_num_seqs)
+    enable(config.engine.max_num_seqs, required=requested is True)
     return True
 
 

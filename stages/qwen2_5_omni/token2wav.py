@@ -107,11 +107,15 @@ class OmniToken2WavAdapter(StageModelBase):
         self._encoded_speakers: dict[str, SpeakerInputs] = {}
         self.velocity_graphs: VelocityGraphs | None = None
 
-    def enable_cuda_graphs(self, max_chunks_per_step: int) -> None:
+    def enable_cuda_graphs(self, max_chunks_per_step: int, required: bool = False) -> None:
         """Streamed chunks' DiT evaluations replayed as CUDA graphs (token2wav_graphs.py),
-        frames padded to two attention blocks; on the CPU the same shapes run eagerly."""
+        frames padded to two attention blocks; on the CPU the same shapes run eagerly.
+        required: a failed capture raises (else it is logged and the chunks run eagerly)."""
         self.velocity_graphs = VelocityGraphs(
-            self.dit, frame_multiple=2 * self.dit.block_size, max_rows=max_chunks_per_step
+            self.dit,
+            frame_multiple=2 * self.dit.block_size,
+            max_rows=max_chunks_per_step,
+            required=required,
         )
 
     def graph_stats(self) -> dict[str, Any]:
@@ -123,6 +127,7 @@ class OmniToken2WavAdapter(StageModelBase):
             "graph_captures": graphs.num_captures,
             "graph_replays": graphs.num_replays,
             "capture_s": graphs.capture_s,
+            **({"graph_failure": graphs.failure} if graphs.failure else {}),
         }
 
     def check_inputs(self, stage_input: StageInput) -> None:

@@ -21,6 +21,7 @@ there) the same padded shapes and buffers run eagerly: what the CPU tests check.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -82,10 +83,17 @@ class VelocityGraphs:
     """The DiT's velocity graphs of one token2wav stage (solve_mels' `graphs`)."""
 
     def __init__(
-        self, dit: torch.nn.Module, *, frame_multiple: int, max_rows: int, max_graphs: int = 24
+        self,
+        dit: torch.nn.Module,
+        *,
+        frame_multiple: int,
+        max_rows: int,
+        max_graphs: int = 24,
+        required: bool = False,
     ) -> None:
         """frame_multiple: frames are padded to a multiple of it; max_rows: the most chunks a
-        step batches (rows are padded to a power of two, at most this)."""
+        step batches (rows are padded to a power of two, at most this); required: a failed
+        capture raises (else it is logged and every later solve runs eagerly)."""
         if frame_multiple < 1 or max_rows < 1 or max_graphs < 1:
             raise ValueError(
                 f"frame_multiple {frame_multiple}, max_rows {max_rows} and max_graphs "
@@ -97,6 +105,8 @@ class VelocityGraphs:
         self.max_graphs = max_graphs
         self._graphs: OrderedDict[Shape, VelocityGraph] = OrderedDict()
         self._pool: object | None = None
+        self.required = required
+        self.failure: str | None = None  # why a capture failed: eager from then on
         self.num_captures = 0
         self.num_replays = 0  # evaluations through a graph (or its eager buffers)
         self.capture_s = 0.0
@@ -113,10 +123,18 @@ class VelocityGraphs:
         """The graph of these shapes (captured now if new), loaded with this solve's inputs."""
         shape: Shape = tuple(tuple(t.shape) for t in (state, *inputs))
         graph = self._graphs.pop(shape, None)
-        if graph is None:
+        if graph is None and self.failure is None:
             if len(self._graphs) >= self.max_graphs:
                 self._graphs.popitem(last=False)
-            graph = self._capture(inputs, state, time_step)
+            try:
+                graph = self._capture(inputs, state, time_step)
+            except Exception as e:
+                if self.required:
+                    raise
+                self.failure = f"{type(e).__name__}: {e}"
+                logger.warning("token2wav: DiT capture failed, eager from now on (%s)", e)
+        if graph is None:
+            return functools.partial(_eager, self._dit, inputs)
         self._graphs[shape] = graph  # the most recently used last
         graph.load(inputs)
         return _Counted(graph, self)
@@ -147,6 +165,12 @@ class VelocityGraphs:
     @property
     def num_graphs(self) -> int:
         return len(self._graphs)
+
+
+def _eager(
+    dit: torch.nn.Module, inputs: tuple[torch.Tensor, ...], time: torch.Tensor, state: torch.Tensor
+) -> torch.Tensor:
+    return dit_velocity(dit, time, state, *inputs)
 
 
 class _Counted:

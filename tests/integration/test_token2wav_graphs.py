@@ -16,6 +16,7 @@ from omni.engine import GenerationEngine
 from omni.engine.graph_plan import chunk_graphs
 from omni.messages import InputDelta
 from omni.runtime.stage_model import ChunkJob
+from stages.qwen2_5_omni import token2wav_graphs
 from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
 from stages.qwen2_5_omni.token2wav_graphs import VelocityGraphs
 from tests.integration.test_token2wav_stream import (
@@ -143,3 +144,26 @@ def test_true_without_a_graphed_decode_is_a_config_error(omni_dir):
     with pytest.raises(ConfigError, match=r"stages\.token2wav\.engine\.cuda_graphs"):
         chunk_graphs(token2wav_stage(omni_dir, True), object(), torch.device("cpu"))
     assert not chunk_graphs(token2wav_stage(omni_dir, None), object(), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_a_failed_capture_falls_back_to_eager_unless_required(
+    omni_dir, amplified, monkeypatch, required
+):
+    def fail(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(token2wav_graphs, "VelocityGraph", fail)
+    adapter = amplify_dit(OmniToken2WavAdapter(omni_dir))
+    adapter.enable_cuda_graphs(4, required=required)
+    codes = random_codes(60, seed=5)
+    if required:
+        with pytest.raises(RuntimeError, match="capturing"):
+            adapter.decode_chunks(jobs_of(codes))
+        return
+    for _ in range(2):  # the first call fails and runs eagerly; the second tries no capture
+        assert_chunks_close(
+            adapter.decode_chunks(jobs_of(codes)), amplified.decode_chunks(jobs_of(codes))
+        )
+    stats = adapter.graph_stats()
+    assert stats["cuda_graphs"] == 0 and "capturing" in stats["graph_failure"]
