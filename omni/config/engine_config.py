@@ -58,8 +58,8 @@ class EngineConfig:
     """Where a GPU stage keeps its stage-output cache: cpu (pinned host memory, written by
     asynchronous copies) or cuda (GPU memory)."""
     cuda_graphs: bool | None = None
-    """Replay decode steps (and short sampled suffixes) as CUDA graphs, padded to fixed shapes
-    and captured at start-up; null means on for GPU stages whose model allows it,
+    """Replay decode steps (and short sampled suffixes; token2wav: streamed chunks' DiT) as CUDA
+    graphs, padded to fixed shapes; null means on for GPU stages whose model allows it,
     false runs every step eagerly (debugging); true on the CPU runs the same padded steps eagerly."""
     fused_kernels: bool | None = None
     """Fused Triton kernels in the decoder layers (RMSNorm + residual add, q/k/v and gate/up as
