@@ -8,6 +8,11 @@ One thread ("omni-stages") builds every stage's engine. Then, by `runtime.stage_
   ids, another launches its kernels. The stages on the CPU keep sharing the building thread.
 - shared: every stage on the building thread (what auto gives on a CPU-only machine).
 - per_stage: every stage on its own thread, the CPU ones too (tests; Ray-like overlap).
+A GPU stage on its own thread also launches on a CUDA stream of its own (`runtime.stage_streams`,
+null: unless a stage keeps its output cache on the GPU): on one shared stream a talker step
+queued behind the vocoder's DiT replays (measured on an H200: 3.8 -> 6.8 ms per code). What
+crosses between stages is then host tensors only (pinned output caches, read after their copies'
+events; waveforms and codes on the host), so no hand-off needs an event.
 
 The CPU stages share one stepping thread, not one each: torch's OpenMP runtime keeps a thread
 team per calling thread, and once a process has more OpenMP threads than cores, libgomp
@@ -96,13 +101,15 @@ class LocalBackend:
                 for host in self.hosts.values()
                 if own_thread(self.stage_threads, host.engine.device.type)
             ]
+            streams = config.own_streams
             for host in own:
-                host.start_loop()
+                host.start_loop(own_stream=streams)
             if own:
                 shared = [name for name in self.hosts if not self.hosts[name].threaded]
                 logger.info(
-                    "local backend: %s step on threads of their own; %s share one",
+                    "local backend: %s step on threads of their own (%s); %s share one",
                     [host.name for host in own],
+                    "GPU stages on CUDA streams of their own" if streams else "one CUDA stream",
                     shared or "none",
                 )
         except BaseException as e:  # re-raised in the constructor, on the caller's thread

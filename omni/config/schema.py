@@ -186,6 +186,10 @@ class RuntimeConfig:
     stage_threads: str = "auto"
     """Local backend: auto (each stage on a GPU steps on its own thread, the CPU stages share
     one), shared (one thread steps every stage) or per_stage (a thread per stage)."""
+    stage_streams: bool | None = None
+    """Local backend: a GPU stage on a thread of its own launches on a CUDA stream of its own, so
+    its kernels never queue behind another stage's; null means on unless a stage keeps its
+    output cache on the GPU (then stage-to-stage tensors would cross streams)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -225,6 +229,14 @@ class OmniConfig:
             if names.count(name) > 1:
                 raise config_error("stages", f"duplicate stage name {name!r}")
         stage_order(self._graph)
+        on_gpu_cache = [s.name for s in self.stages if s.engine.output_cache_device == "cuda"]
+        if self.runtime.stage_streams and on_gpu_cache:
+            raise config_error(
+                "runtime.stage_streams",
+                f"is true, but stages {on_gpu_cache} keep their output cache on the GPU "
+                "(engine.output_cache_device: cuda): their tensors would cross CUDA streams; "
+                "leave it null or set output_cache_device: cpu",
+            )
         if self.runtime.backend != "ray":
             for stage in self.stages:
                 if stage.resources.replicas > 1:
@@ -233,6 +245,13 @@ class OmniConfig:
                         f"is {stage.resources.replicas}, but replicas need runtime.backend ray "
                         f"(got {self.runtime.backend!r}): the local backend runs one copy",
                     )
+
+    @property
+    def own_streams(self) -> bool:
+        """Whether a local GPU stage on its own thread gets a CUDA stream of its own."""
+        if self.runtime.stage_streams is not None:
+            return self.runtime.stage_streams
+        return all(s.engine.output_cache_device != "cuda" for s in self.stages)
 
     def stage(self, name: str) -> StageConfig:
         """The stage called `name`."""

@@ -26,6 +26,21 @@ from omni.engine.engine import DTYPES
 CPU = torch.device("cpu")
 
 
+def use_own_stream(device: torch.device) -> Any | None:
+    """On a GPU: a new CUDA stream, made the calling thread's current one (torch keeps it per
+    thread), ordered after the work already queued on the thread's previous current stream and
+    the device's default stream (where the engine was built, on another thread). None
+    elsewhere. Every later launch of this thread goes to it; `tolist` and other syncs then wait
+    for this thread's work only, not for another stage's."""
+    if device.type != "cuda":
+        return None
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    stream.wait_stream(torch.cuda.default_stream(device))
+    torch.cuda.set_stream(stream)
+    return stream
+
+
 def resolve_device(config: StageConfig) -> torch.device:
     """The stage's torch device (see the module docstring); a ConfigError naming the stage and
     `stages.<name>.engine.device` when it asks for CUDA and torch sees none, or it runs in a Ray

@@ -31,6 +31,7 @@ from typing import Any
 
 from omni.config import StageConfig
 from omni.engine import Engine, create_engine
+from omni.engine.device import use_own_stream
 from omni.host.device_errors import fatal_device_error, loop_death
 from omni.host.engine_calls import EngineCalls
 from omni.host.input_conversion import InputConversion, Processor
@@ -95,6 +96,7 @@ class StageHost:
         self.loop_error: str | None = None
         self._fatal_error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self.stream: Any | None = None  # the loop thread's own CUDA stream (start_loop)
         if not threaded:
             self.engine = engine or create_engine(config)
             return
@@ -118,11 +120,19 @@ class StageHost:
         if failed:
             raise failed[0]
 
-    def start_loop(self) -> None:
+    def start_loop(self, own_stream: bool = False) -> None:
         """A loop thread of its own from now on, for a host built with threaded=False (the
-        local backend's GPU stages); before any work is submitted."""
+        local backend's GPU stages); before any work is submitted. own_stream: the thread
+        launches on a CUDA stream of its own (a GPU stage whose results cross to other stages
+        as host tensors only: omni/config/schema.py, `runtime.stage_streams`)."""
         assert self._thread is None, f"stage {self.name!r} already has a loop thread"
-        self._thread = threading.Thread(target=self._loop, name=f"omni-{self.name}", daemon=True)
+
+        def loop() -> None:
+            if own_stream:
+                self.stream = use_own_stream(self.engine.device)
+            self._loop()
+
+        self._thread = threading.Thread(target=loop, name=f"omni-{self.name}", daemon=True)
         self._thread.start()
 
     @property

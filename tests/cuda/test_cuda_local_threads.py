@@ -1,7 +1,9 @@
 """The tiny Qwen2.5-Omni pipeline with every stage on the GPU (local backend): under
-`runtime.stage_threads: auto` each stage steps on a thread of its own, and the float32 thinker
-tokens, talker codes and audio equal the one-thread (`shared`) run, streaming included. The
-wall time of both runs is printed (the tiny model is launch-bound: overlap shows there)."""
+`runtime.stage_threads: auto` each stage steps on a thread of its own and launches on a CUDA
+stream of its own (`runtime.stage_streams` null), and the float32 thinker tokens, talker codes
+and audio equal the one-thread (`shared`) run on the default stream, streaming included; so do
+own threads on one stream. The wall time of each run is printed (the tiny model is
+launch-bound: overlap shows there)."""
 
 from __future__ import annotations
 
@@ -24,11 +26,11 @@ PARAMS = [
 ]
 
 
-def run(omni_dir: str, stage_threads: str):
+def run(omni_dir: str, stage_threads: str, stage_streams: bool | None = None):
     overrides: dict = {f"stages.{stage}.engine.device": "cuda" for stage in STAGES}
     for stage in ("thinker", "talker"):
         overrides[f"stages.{stage}.engine.dtype"] = "float32"
-    runtime = {"backend": "local", "stage_threads": stage_threads}
+    runtime = {"backend": "local", "stage_threads": stage_threads, "stage_streams": stage_streams}
     with Omni(model=omni_dir, runtime=runtime, **overrides) as omni:
         own = {name: host.threaded for name, host in omni.backend.hosts.items()}
         omni.generate(PROMPTS[:1], PARAMS, use_tqdm=False)  # warm-up (Triton compiles)
@@ -36,16 +38,24 @@ def run(omni_dir: str, stage_threads: str):
         outputs = omni.generate(PROMPTS, PARAMS, use_tqdm=False, stream_audio=True)
         seconds = time.perf_counter() - start
         threads = [h._thread for h in omni.backend.hosts.values() if h._thread]
+        streams = {name: h.stream is not None for name, h in omni.backend.hosts.items()}
     assert not any(thread.is_alive() for thread in threads)
+    assert streams == dict.fromkeys(
+        STAGES, stage_threads != "shared" and stage_streams is not False
+    )
     return own, outputs, seconds
 
 
 def test_gpu_stages_on_their_own_threads_equal_one_thread(omni_dir):
     own_shared, shared, shared_s = run(omni_dir, "shared")
     own_auto, auto, auto_s = run(omni_dir, "auto")
-    print(f"\n[{len(PROMPTS)} requests] shared thread {shared_s:.2f} s, own threads {auto_s:.2f} s")
+    _, one_stream, one_stream_s = run(omni_dir, "auto", stage_streams=False)
+    print(
+        f"\n[{len(PROMPTS)} requests] shared thread {shared_s:.2f} s, own threads and streams "
+        f"{auto_s:.2f} s, own threads on one stream {one_stream_s:.2f} s"
+    )
     assert own_shared == dict.fromkeys(STAGES, False) and own_auto == dict.fromkeys(STAGES, True)
-    for a, b in zip(shared, auto, strict=True):
+    for a, b in [*zip(shared, auto, strict=True), *zip(shared, one_stream, strict=True)]:
         assert a.error is None and b.error is None, (a.error, b.error)
         for stage in ("thinker", "talker"):
             assert a.stages[stage].token_ids == b.stages[stage].token_ids, stage

@@ -10,6 +10,7 @@ import pytest
 
 from omni.config import ConfigError, load_config
 from omni.config.devices import describe_plan, plan_gpus
+from tests.unit.config_support import error_of, make_model, one
 
 QWEN_OMNI = Path(__file__).resolve().parents[2] / "stage_configs" / "qwen2_5_omni.yaml"
 
@@ -223,3 +224,21 @@ def test_gpu_shares_above_one_gpu_are_refused(join_processor):
     assert "stages.a.resources.gpu_share=0.7, stages.b.resources.gpu_share=0.4" in message
     with pytest.raises(ConfigError, match=r"resources\.gpu_share: must be in \(0, 1\]"):
         _config("local", **{"a.resources.gpu_share": 0})
+
+
+def test_stage_streams(tmp_path):
+    """null: own CUDA streams unless a stage keeps its output cache on the GPU (its tensors
+    would cross streams); true with such a stage is refused, naming both fields."""
+    model = make_model(tmp_path / "ckpt")
+    gpu_cache = {"output_cache_device": "cuda"}
+    plain = load_config(one(model))
+    assert plain.runtime.stage_streams is None and plain.own_streams
+    assert not load_config({**one(model, engine=gpu_cache)}).own_streams
+    assert not load_config({"runtime": {"stage_streams": False}, **one(model)}).own_streams
+    assert load_config({"runtime": {"stage_streams": True}, **one(model)}).own_streams
+    error_of(
+        {"runtime": {"stage_streams": True}, **one(model, engine=gpu_cache)},
+        "runtime.stage_streams",
+        "output_cache_device",
+    )
+    error_of({"runtime": {"stage_streams": "yes"}, **one(model)}, "runtime.stage_streams")
