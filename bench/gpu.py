@@ -192,6 +192,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="vocoder (token2wav, code2wav) max_num_seqs (default: the config's)",
     )
     p.add_argument(
+        "--t2w-dtype",
+        choices=["float32", "float16", "bfloat16"],
+        help="token2wav's streamed-chunk DiT precision (stream.dtype; default: float16 on a GPU)",
+    )
+    p.add_argument(
         "--gpu-mem",
         type=share_list,
         default=[0.45, 0.15, 0.1],

@@ -157,6 +157,8 @@ def omni_engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides[f"stages.{vocoder}.engine.max_num_batched_tokens"] = 1 << 20
     if args.t2w_batch:
         overrides[f"stages.{vocoder}.engine.max_num_seqs"] = args.t2w_batch
+    if getattr(args, "t2w_dtype", None):
+        overrides[f"stages.{vocoder}.stream.dtype"] = args.t2w_dtype
     return overrides
 
 
@@ -253,6 +255,10 @@ async def omni_section(model_dir: str, tokenizer: Any, args: argparse.Namespace)
             print(f"  omni {n} at once: {levels[-1][1]['wall']:.2f} s", flush=True)
         results["levels"] = levels
         results["config"] = {s.name: s.engine for s in engine.config.stages}
+        vocoder = engine.stats().get(args.fam.stages[2], {})
+        results["vocoder"] = {
+            k: vocoder[k] for k in ("chunk_dtype", "cuda_graphs", "float32_retries") if k in vocoder
+        }
     release(args.device)
     results["left"] = allocated_gib(args.device)
     return results

@@ -43,7 +43,8 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
         notes.append(
             f"omni: startup {ours['startup_s']:.1f} s (peak {gib(ours['load_peak'])} GiB after "
             f"it), {args.warmup} warm-up requests; max_num_seqs {seqs}; num_blocks {blocks}; "
-            f"GPU memory left after shutdown {gib(ours['left'])} GiB"
+            f"GPU memory left after shutdown {gib(ours['left'])} GiB; vocoder chunks "
+            f"{ours.get('vocoder') or '-'}"
         )
     for note in notes:
         print(note)

@@ -149,18 +149,24 @@ class StreamConfig:
     look_ahead: int | None = None
     """Input tokens after a chunk that must have arrived (unless the input is complete) and that
     its decode also sees; null: the adapter's default."""
+    dtype: str | None = None
+    """The chunk decoder's matmul precision (token2wav's DiT, under torch.autocast; norms and
+    the ODE stay float32): float32, float16 or bfloat16; null: float16 on a GPU, float32 on the
+    CPU. A chunk batch whose reduced-precision result is not finite is decoded again in float32."""
 
     def __post_init__(self) -> None:
         check_types(self)
         for name in ("first_chunk_size", "chunk_size"):
             require(getattr(self, name) >= 1, self, name, "an integer >= 1")
         require(all(size >= 1 for size in self.ramp), self, "ramp", "integers >= 1")
+        for name in ("left_context", "look_ahead"):
+            ok = getattr(self, name) is None or getattr(self, name) >= 0
+            require(ok, self, name, "an integer >= 0 or null")
+        dtypes = ("float32", "float16", "bfloat16")
+        require(self.dtype is None or self.dtype in dtypes, self, "dtype", one_of(dtypes))
 
     def chunk_tokens(self, index: int) -> int:
         """Input tokens in chunk `index` of a request (0: the first)."""
         if index == 0:
             return self.first_chunk_size
         return self.ramp[index - 1] if index <= len(self.ramp) else self.chunk_size
-        for name in ("left_context", "look_ahead"):
-            ok = getattr(self, name) is None or getattr(self, name) >= 0
-            require(ok, self, name, "an integer >= 0 or null")

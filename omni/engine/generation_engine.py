@@ -30,7 +30,7 @@ from omni.engine.chunk_schedule import ChunkSchedule, Stream, Work, extended_ext
 from omni.engine.device import cuda_memory_stats, resolve_device
 from omni.engine.engine import run_until_done
 from omni.engine.generation_stats import GenerationStats
-from omni.engine.graph_plan import chunk_graphs
+from omni.engine.graph_plan import chunk_dtype, chunk_graphs
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
 from omni.registry import get_adapter
 from omni.runtime.stage_model import (
@@ -63,6 +63,7 @@ class GenerationEngine:
         self.device = device
         on_gpu = device.type == "cuda"
         self.cuda_graphs = chunk_graphs(config, model, device)
+        self.chunk_dtype = chunk_dtype(config, model, device)
         self.batch_whole = can_batch and config.engine.resolved_batch_whole_requests(on_gpu)
         self._pending: OrderedDict[str, tuple[StageInput, float, int]] = OrderedDict()
         self._streams: dict[str, Stream] = {}
@@ -289,7 +290,7 @@ class GenerationEngine:
             "streaming": len(self._streams),
             "device": str(self.device),
             "dtype": "float32",
-            **getattr(self.model, "graph_stats", dict)(),
+            **getattr(self.model, "speed_stats", dict)(),
             # No KV or output cache here: on the CPU nothing is held between requests.
             **(
                 cuda_memory_stats(self.device)

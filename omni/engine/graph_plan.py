@@ -63,6 +63,24 @@ def chunk_graphs(config: StageConfig, model: object, device: torch.device) -> bo
     return True
 
 
+def chunk_dtype(config: StageConfig, model: object, device: torch.device) -> torch.dtype:
+    """A chunk decoder's matmul precision (`stream.dtype`; null: float16 on a GPU, float32
+    elsewhere), given to an adapter that takes one (`set_chunk_dtype`, e.g. token2wav); asking
+    another adapter for less than float32 is a ConfigError."""
+    requested = config.stream.dtype
+    set_dtype = getattr(model, "set_chunk_dtype", None)
+    if set_dtype is None:
+        if requested not in (None, "float32"):
+            raise config_error(
+                f"stages.{config.name}.stream.dtype",
+                f"is {requested!r}, but adapter {config.adapter!r} decodes no chunks in it",
+            )
+        return torch.float32
+    dtype = getattr(torch, requested or ("float16" if device.type == "cuda" else "float32"))
+    set_dtype(dtype)
+    return dtype
+
+
 def fuse_kernels(config: StageConfig, model: object, device: torch.device) -> int:
     """Install the fused forwards on the adapter's torch models; returns the modules patched.
     Before the memory profile and the capture, which must see the fused forwards."""

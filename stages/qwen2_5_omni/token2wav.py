@@ -30,6 +30,7 @@ decode's at the same frames, so chunks differ from `generate` only by the bounde
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,8 @@ from stages.qwen2_5_omni.token2wav_memory import (
     window_codes,
 )
 from stages.qwen2_5_omni.token2wav_vocoder import hop_length, reach_frames, vocode
+
+logger = logging.getLogger(__name__)
 
 SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN output rate (input_processors.py, docs: 24 kHz audio)
 DEFAULT_SPEAKER = "Chelsie"
@@ -106,6 +109,15 @@ class OmniToken2WavAdapter(StageModelBase):
         )  # fmt: skip
         self._encoded_speakers: dict[str, SpeakerInputs] = {}
         self.velocity_graphs: VelocityGraphs | None = None
+        self.chunk_autocast: torch.dtype | None = None  # None: chunks in float32
+        self.num_float32_retries = 0
+
+    def set_chunk_dtype(self, dtype: torch.dtype) -> None:
+        """The DiT's matmul precision in chunks (torch.autocast): float32, float16 or
+        bfloat16. docs/streaming.md has the measured bounds."""
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"chunk dtype must be float32, float16 or bfloat16, got {dtype}")
+        self.chunk_autocast = None if dtype == torch.float32 else dtype
 
     def enable_cuda_graphs(self, max_chunks_per_step: int, required: bool = False) -> None:
         """Streamed chunks' DiT evaluations replayed as CUDA graphs (token2wav_graphs.py),
@@ -118,11 +130,17 @@ class OmniToken2WavAdapter(StageModelBase):
             required=required,
         )
 
-    def graph_stats(self) -> dict[str, Any]:
+    def speed_stats(self) -> dict[str, Any]:
+        """How chunks are decoded: precision, float32 retries, CUDA graphs."""
+        precision = {
+            "chunk_dtype": str(self.chunk_autocast or torch.float32).removeprefix("torch."),
+            "float32_retries": self.num_float32_retries,
+        }
         graphs = self.velocity_graphs
         if graphs is None:
-            return {"cuda_graphs": 0}
+            return {**precision, "cuda_graphs": 0}
         return {
+            **precision,
             "cuda_graphs": graphs.num_graphs,
             "graph_captures": graphs.num_captures,
             "graph_replays": graphs.num_replays,
@@ -203,7 +221,7 @@ class OmniToken2WavAdapter(StageModelBase):
         mels: list[torch.Tensor] = [torch.empty(0)] * len(jobs)
         for (num_steps, sway_coefficient), indices in groups.items():
             inputs = [self._dit_window(jobs[i], windows[i]) for i in indices]
-            solved = solve_mels(self.dit, inputs, num_steps, sway_coefficient, self.velocity_graphs)
+            solved = self._solve(inputs, num_steps, sway_coefficient)
             for index, mel in zip(indices, solved, strict=True):
                 mels[index] = mel.T  # BigVGAN takes [mel_dim, frames]
         chunks = []
@@ -215,6 +233,21 @@ class OmniToken2WavAdapter(StageModelBase):
             # waveforms alive with the chunk.
             chunks.append(chunk.cpu() if chunk.device.type != "cpu" else chunk.clone())
         return chunks
+
+    def _solve(
+        self, inputs: list[DitWindow], num_steps: int, sway_coefficient: float | None
+    ) -> list[torch.Tensor]:
+        autocast, graphs = self.chunk_autocast, self.velocity_graphs
+        solved = solve_mels(self.dit, inputs, num_steps, sway_coefficient, graphs, autocast)
+        # float16's range is small: a batch that overflowed is solved again in float32 (one
+        # host sync per batch; the ODE's own time comparisons make nine more).
+        if autocast is not None and not bool(torch.isfinite(torch.cat(solved)).all()):
+            self.num_float32_retries += 1
+            logger.warning(
+                "token2wav: a %s chunk batch was not finite; decoded in float32", autocast
+            )
+            solved = solve_mels(self.dit, inputs, num_steps, sway_coefficient, graphs, None)
+        return solved
 
     def _dit_window(self, job: ChunkJob, window: Window) -> DitWindow:
         first_code = window.first_frame // self.repeats

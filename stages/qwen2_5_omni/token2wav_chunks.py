@@ -117,7 +117,11 @@ class VelocityGraphsLike(Protocol):
     def padded_shape(self, num_frames: int, num_jobs: int) -> tuple[int, int]: ...
 
     def velocity(
-        self, inputs: tuple[torch.Tensor, ...], state: torch.Tensor, time_step: torch.Tensor
+        self,
+        inputs: tuple[torch.Tensor, ...],
+        state: torch.Tensor,
+        time_step: torch.Tensor,
+        autocast: torch.dtype | None,
     ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]: ...
 
 
@@ -127,12 +131,14 @@ def solve_mels(
     num_steps: int,
     sway_coefficient: float | None,
     graphs: VelocityGraphsLike | None = None,
+    autocast: torch.dtype | None = None,
 ) -> list[torch.Tensor]:
     """Each window's mel [num_frames, mel_dim]: one RK4 solve as in
     Qwen2_5OmniToken2WavDiTModel.sample, one DiT forward (all windows, CFG rows included) per
     evaluation (dit_velocity). With `graphs` the batch is padded to one of its shapes (more
     frames, and rows of no frames: both outside every real frame's attention) and each
-    evaluation is a replay."""
+    evaluation is a replay. `autocast` (e.g. float16) is the DiT's matmul precision, None
+    float32; the ODE itself integrates in float32."""
     num_jobs = len(windows)
     device = windows[0].noise.device  # the DiT's: every window's tensors are there
     lengths = [w.frame_codes.numel() for w in windows]
@@ -162,9 +168,9 @@ def solve_mels(
         times += sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
     velocity: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     if graphs is None:
-        velocity = functools.partial(_eager_velocity, dit, inputs)
+        velocity = functools.partial(_eager_velocity, dit, inputs, autocast)
     else:
-        velocity = graphs.velocity(inputs, initial, times[0])
+        velocity = graphs.velocity(inputs, initial, times[0], autocast)
     final = RungeKutta4ODESolver(function=velocity, initial_value=initial).integrate(times)[-1]
     return [final[row, :length] for row, length in enumerate(lengths)]
 
@@ -178,30 +184,37 @@ def dit_velocity(
     sin: torch.Tensor,
     block_diff: torch.Tensor,
     guidance: torch.Tensor,
+    *,
+    autocast: torch.dtype | None = None,
 ) -> torch.Tensor:
     """One evaluation of the ODE: the DiT's own modules in its order (speaker encoder hoisted
     out into `static`), the conditioned and null (CFG) rows of every job in one forward,
-    combined by each job's guidance. Device work only (no host sync): capturable."""
+    combined by each job's guidance. autocast: the forward's matmul dtype under torch.autocast
+    (norms, softmax and the time sinusoid stay float32); the result is float32. Device work
+    only (no host sync): capturable."""
     num_rows = state.shape[0]
-    time_embedding = dit.time_embed(time_step.repeat(2 * num_rows))
-    hidden = dit.input_embed.proj(torch.cat((torch.cat([state, state]), static), dim=-1))
-    block_diff = block_diff.expand(-1, dit.num_attention_heads, -1, -1)
-    for layer in dit.transformer_blocks:
-        hidden = layer(
-            hidden, time_embedding, position_embeddings=(cos, sin), block_diff=block_diff
-        )
-    output = dit.proj_out(dit.norm_out(hidden, time_embedding))
-    guided, null = torch.chunk(output, 2, dim=0)
+    enabled = autocast is not None
+    with torch.autocast(state.device.type, dtype=autocast or torch.bfloat16, enabled=enabled):
+        time_embedding = dit.time_embed(time_step.repeat(2 * num_rows))
+        hidden = dit.input_embed.proj(torch.cat((torch.cat([state, state]), static), dim=-1))
+        block_diff = block_diff.expand(-1, dit.num_attention_heads, -1, -1)
+        for layer in dit.transformer_blocks:
+            hidden = layer(
+                hidden, time_embedding, position_embeddings=(cos, sin), block_diff=block_diff
+            )
+        output = dit.proj_out(dit.norm_out(hidden, time_embedding))
+    guided, null = torch.chunk(output.float(), 2, dim=0)
     return guided + (guided - null) * guidance
 
 
 def _eager_velocity(
     dit: torch.nn.Module,
     inputs: tuple[torch.Tensor, ...],
+    autocast: torch.dtype | None,
     time_step: torch.Tensor,
     state: torch.Tensor,
 ) -> torch.Tensor:
-    return dit_velocity(dit, time_step, state, *inputs)
+    return dit_velocity(dit, time_step, state, *inputs, autocast=autocast)
 
 
 def _conditioning(

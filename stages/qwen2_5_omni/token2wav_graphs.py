@@ -33,7 +33,7 @@ from stages.qwen2_5_omni.token2wav_chunks import dit_velocity
 
 logger = logging.getLogger(__name__)
 
-Shape = tuple[tuple[int, ...], ...]
+Shape = tuple[object, ...]  # the inputs' shapes and the autocast dtype
 
 
 class VelocityGraph:
@@ -46,8 +46,10 @@ class VelocityGraph:
         state: torch.Tensor,
         time_step: torch.Tensor,
         pool: object | None,
+        autocast: torch.dtype | None = None,
     ) -> None:
         self._dit = dit
+        self._autocast = autocast
         # time, state, then the solve's inputs (static, cos, sin, block_diff, guidance)
         self._buffers = [t.clone() for t in (time_step, state, *inputs)]
         self._graph: torch.cuda.CUDAGraph | None = None
@@ -58,12 +60,12 @@ class VelocityGraph:
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # cuBLAS picks its kernels, SDPA its backend
-                dit_velocity(dit, *self._buffers)
+                dit_velocity(dit, *self._buffers, autocast=autocast)
         torch.cuda.current_stream(device).wait_stream(stream)
         self._graph = torch.cuda.CUDAGraph()
         # thread_local: the other stages' threads keep launching on their streams meanwhile.
         with torch.cuda.graph(self._graph, pool=pool, capture_error_mode="thread_local"):
-            self._output = dit_velocity(dit, *self._buffers)
+            self._output = dit_velocity(dit, *self._buffers, autocast=autocast)
 
     def load(self, inputs: tuple[torch.Tensor, ...]) -> None:
         """A new solve's inputs, of this graph's shapes."""
@@ -74,7 +76,7 @@ class VelocityGraph:
         self._buffers[0].copy_(time_step)
         self._buffers[1].copy_(state)
         if self._graph is None:
-            return dit_velocity(self._dit, *self._buffers)
+            return dit_velocity(self._dit, *self._buffers, autocast=self._autocast)
         self._graph.replay()
         return self._output.clone()
 
@@ -118,35 +120,44 @@ class VelocityGraphs:
         return frames, max(num_jobs, min(rows, self.max_rows))
 
     def velocity(
-        self, inputs: tuple[torch.Tensor, ...], state: torch.Tensor, time_step: torch.Tensor
+        self,
+        inputs: tuple[torch.Tensor, ...],
+        state: torch.Tensor,
+        time_step: torch.Tensor,
+        autocast: torch.dtype | None = None,
     ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """The graph of these shapes (captured now if new), loaded with this solve's inputs."""
-        shape: Shape = tuple(tuple(t.shape) for t in (state, *inputs))
+        """The graph of these shapes and precision (captured now if new), loaded with this
+        solve's inputs."""
+        shape: Shape = (*(tuple(t.shape) for t in (state, *inputs)), autocast)
         graph = self._graphs.pop(shape, None)
         if graph is None and self.failure is None:
             if len(self._graphs) >= self.max_graphs:
                 self._graphs.popitem(last=False)
             try:
-                graph = self._capture(inputs, state, time_step)
+                graph = self._capture(inputs, state, time_step, autocast)
             except Exception as e:
                 if self.required:
                     raise
                 self.failure = f"{type(e).__name__}: {e}"
                 logger.warning("token2wav: DiT capture failed, eager from now on (%s)", e)
         if graph is None:
-            return functools.partial(_eager, self._dit, inputs)
+            return functools.partial(_eager, self._dit, inputs, autocast)
         self._graphs[shape] = graph  # the most recently used last
         graph.load(inputs)
         return _Counted(graph, self)
 
     def _capture(
-        self, inputs: tuple[torch.Tensor, ...], state: torch.Tensor, time_step: torch.Tensor
+        self,
+        inputs: tuple[torch.Tensor, ...],
+        state: torch.Tensor,
+        time_step: torch.Tensor,
+        autocast: torch.dtype | None,
     ) -> VelocityGraph:
         start = time.perf_counter()
         on_gpu = state.device.type == "cuda"
         if on_gpu and self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = VelocityGraph(self._dit, inputs, state, time_step, self._pool)
+        graph = VelocityGraph(self._dit, inputs, state, time_step, self._pool, autocast)
         if on_gpu:
             torch.cuda.synchronize(state.device)
         elapsed = time.perf_counter() - start
@@ -168,9 +179,13 @@ class VelocityGraphs:
 
 
 def _eager(
-    dit: torch.nn.Module, inputs: tuple[torch.Tensor, ...], time: torch.Tensor, state: torch.Tensor
+    dit: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    autocast: torch.dtype | None,
+    time: torch.Tensor,
+    state: torch.Tensor,
 ) -> torch.Tensor:
-    return dit_velocity(dit, time, state, *inputs)
+    return dit_velocity(dit, time, state, *inputs, autocast=autocast)
 
 
 class _Counted:

@@ -30,6 +30,8 @@ def run(omni_dir: str, stage_threads: str, stage_streams: bool | None = None):
     overrides: dict = {f"stages.{stage}.engine.device": "cuda" for stage in STAGES}
     for stage in ("thinker", "talker"):
         overrides[f"stages.{stage}.engine.dtype"] = "float32"
+    # float16 chunks (the GPU default) round differently in each run's batches of chunks.
+    overrides["stages.token2wav.stream.dtype"] = "float32"
     runtime = {"backend": "local", "stage_threads": stage_threads, "stage_streams": stage_streams}
     with Omni(model=omni_dir, runtime=runtime, **overrides) as omni:
         own = {name: host.threaded for name, host in omni.backend.hosts.items()}

@@ -19,6 +19,7 @@ from tests.integration.test_token2wav_graphs import (
     stream,
     token2wav_stage,
 )
+from tests.integration.test_token2wav_precision import BOUNDS, difference
 from tests.integration.test_token2wav_stream import amplify_dit, random_codes
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
@@ -57,13 +58,43 @@ def test_replayed_chunks_equal_eager_on_the_gpu(omni_dir):
 
 
 def test_a_streaming_engine_on_the_gpu_replays_by_default(omni_dir):
+    """cuda_graphs null on a GPU: replayed, float32 chunks (stream.dtype float32) equal eager."""
     adapter = amplify_dit(OmniToken2WavAdapter(omni_dir, device=CUDA))
-    stage = GenerationEngine(token2wav_stage(omni_dir, None), model=adapter)
+    stage = GenerationEngine(token2wav_stage(omni_dir, None, dtype="float32"), model=adapter)
     assert stage.cuda_graphs
     eager = amplify_dit(OmniToken2WavAdapter(omni_dir, device=CUDA))
     codes = random_codes(30, seed=4)
     audio = stream(stage, codes)
-    want = stream(GenerationEngine(token2wav_stage(omni_dir, False), model=eager), codes)
+    config = token2wav_stage(omni_dir, False, dtype="float32")
+    want = stream(GenerationEngine(config, model=eager), codes)
     assert audio.device.type == "cpu"
     torch.testing.assert_close(audio, want, atol=1e-4, rtol=0)
     assert stage.stats()["graph_replays"] > 0
+
+
+def test_float16_chunks_by_default_on_the_gpu_within_their_bound(omni_dir):
+    """stream.dtype null on a GPU is float16: replayed chunks within the bound the CPU measures
+    (tests/integration/test_token2wav_precision.py) of float32 ones; the time of each printed."""
+    engines = {}
+    for dtype in (None, "float32"):
+        adapter = amplify_dit(OmniToken2WavAdapter(omni_dir, device=CUDA))
+        engines[dtype] = GenerationEngine(
+            token2wav_stage(omni_dir, None, dtype=dtype), model=adapter
+        )
+    assert engines[None].chunk_dtype == torch.float16
+    codes = random_codes(60, seed=1)
+    timings = {}
+    for dtype, engine in engines.items():
+        stream(engine, codes)  # captures
+        torch.cuda.synchronize(CUDA)
+        start = time.perf_counter()
+        audio = stream(engine, codes)
+        timings[dtype] = (time.perf_counter() - start, audio)
+    max_abs, snr = difference([timings[None][1]], [timings["float32"][1]])
+    print(
+        f"\nstreamed 60 codes: float16 {timings[None][0] * 1e3:.1f} ms, float32 "
+        f"{timings['float32'][0] * 1e3:.1f} ms; max abs {max_abs:.2e}, SNR {snr:.1f} dB"
+    )
+    bound_abs, bound_snr = BOUNDS[torch.float16]
+    assert max_abs <= bound_abs and snr >= bound_snr
+    assert engines[None].model.num_float32_retries == 0

@@ -81,7 +81,7 @@ def test_graphed_chunks_equal_eager_and_reuse_their_shapes(omni_dir, amplified):
     got = adapter.decode_chunks(jobs_of(second, seed=SEED + 5))
     assert_chunks_close(got, amplified.decode_chunks(jobs_of(second, seed=SEED + 5)))
     assert graphs.num_captures == 2
-    assert adapter.graph_stats()["cuda_graphs"] == 2
+    assert adapter.speed_stats()["cuda_graphs"] == 2
 
 
 def test_the_least_recently_used_shape_is_dropped(omni_dir, amplified):
@@ -97,15 +97,18 @@ def test_the_least_recently_used_shape_is_dropped(omni_dir, amplified):
     assert (graphs.num_captures, graphs.num_graphs) == (4, 1)
 
 
-def token2wav_stage(omni_dir: str, cuda_graphs: bool | None):
+def token2wav_stage(omni_dir: str, cuda_graphs: bool | None, **stream: object):
+    """A streaming token2wav stage; `stream` adds to its `stream:` section."""
     stage = {
         "name": "token2wav",
         "model": omni_dir,
         "kind": "generation",
         "adapter": "qwen2_5_omni_token2wav",
         "engine": {"seed": SEED, "max_num_seqs": 4, "cuda_graphs": cuda_graphs},
-        "stream": {"first_chunk_size": 4, "chunk_size": 8, "left_context": 8, "look_ahead": 4},
-    }
+        "stream": {
+            "first_chunk_size": 4, "chunk_size": 8, "left_context": 8, "look_ahead": 4, **stream
+        },
+    }  # fmt: skip
     return load_config({"stages": [stage]}).stages[0]
 
 
@@ -165,5 +168,5 @@ def test_a_failed_capture_falls_back_to_eager_unless_required(
         assert_chunks_close(
             adapter.decode_chunks(jobs_of(codes)), amplified.decode_chunks(jobs_of(codes))
         )
-    stats = adapter.graph_stats()
+    stats = adapter.speed_stats()
     assert stats["cuda_graphs"] == 0 and "capturing" in stats["graph_failure"]
