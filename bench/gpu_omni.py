@@ -193,7 +193,7 @@ async def omni_request(engine: AsyncOmni, ids: list[int], params: list[SamplingP
     }
     # Pipeline times since the request was added, per stage: where the first audio waits.
     for name, result in last.stages.items():
-        for key in ("first_token_s", "finished_s", "first_audio_s"):
+        for key in ("started_s", "first_token_s", "finished_s", "first_audio_s"):
             if key in result.timings:
                 row[f"{name} {key}"] = result.timings[key]
     return row

@@ -48,6 +48,7 @@ class RequestState:
     added: float = field(default_factory=time.monotonic)
     last_progress: float = field(default_factory=time.monotonic)
     first_token_s: dict[str, float] = field(default_factory=dict)  # stage -> since added
+    started_s: dict[str, float] = field(default_factory=dict)  # stage -> routed, since added
     stream_audio: bool = False
     """The streaming path (AsyncOmni.generate's stream_audio): streaming edges start their
     consumer early and vocoders send audio in chunks."""
@@ -61,6 +62,11 @@ class RequestState:
     audio: dict[str, list[Any]] = field(default_factory=dict)  # stage -> waveform chunks so far
     sample_rate: dict[str, int] = field(default_factory=dict)
     first_audio_s: float | None = None
+
+    def start(self, stage: str) -> None:
+        """The request was routed to `stage` (whole or streaming): in flight there now."""
+        self.inflight.add(stage)
+        self.started_s.setdefault(stage, time.monotonic() - self.added)
 
     # ---- what the stages report -----------------------------------------------------------------
     def record_update(self, update: StageUpdate) -> None:
@@ -92,6 +98,8 @@ class RequestState:
         timings = {**full.timings, "finished_s": self.last_progress - self.added}
         if stage in self.first_token_s:
             timings["first_token_s"] = self.first_token_s[stage]
+        if stage in self.started_s:
+            timings["started_s"] = self.started_s[stage]
         self.rows.pop(stage, None)
         self.audio.pop(stage, None)
         if full.audio is not None and full.sample_rate:

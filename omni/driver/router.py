@@ -123,7 +123,7 @@ class Router:
                 dict(prompt.extras),
                 step_rows=stream_audio and self.streams.needs_rows(root.name, needed),
             )
-            tracked.inflight.add(root.name)
+            tracked.start(root.name)
             self.backend.submit(root.name, [stage_input])
 
     def abort(self, user_id: str, reason: str | None = None) -> bool:
@@ -242,7 +242,7 @@ class Router:
                     request_id, upstream, prompt, tracked.params[consumer.name]
                 )
                 routed.setdefault(consumer.name, []).append(routed_input)
-                tracked.inflight.add(consumer.name)
+                tracked.start(consumer.name)
         return True
 
     def _stage_died(self, event: StageDied) -> None:

@@ -68,7 +68,7 @@ class StreamEdges:
                         rows=rows,
                     )
                 )
-                tracked.inflight.add(name)
+                tracked.start(name)
             elif name in tracked.inflight:
                 piece, rows = self._piece(tracked, update.stage, name, spec, sent)
                 if piece.token_ids:

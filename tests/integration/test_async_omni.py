@@ -114,6 +114,11 @@ def test_64_concurrent_callers_equal_sequential_runs(request, omni_dir, sequenti
         timings = snaps[-1].final.timings
         thinker = snaps[-1].stages["thinker"].timings
         assert 0 < thinker["first_token_s"] <= thinker["finished_s"] <= timings["first_audio_s"]
+        for stage in ("thinker", "talker"):  # routed there, then its tokens
+            stage_timings = snaps[-1].stages[stage].timings
+            assert 0 <= stage_timings["started_s"] <= stage_timings["first_token_s"], stage
+        assert thinker["started_s"] <= snaps[-1].stages["talker"].timings["started_s"]
+        assert 0 < timings["started_s"] <= timings["first_audio_s"]
         assert timings["rtf"] > 0
     assert stats["token2wav"]["rtf"] > 0 and stats["token2wav"]["audio_s"] > 0
     # Continuous batching: far fewer thinker steps than requests x tokens.
