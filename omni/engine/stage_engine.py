@@ -51,9 +51,7 @@ class StageEngine:
         else:
             device = torch.device(getattr(model, "device", device))  # where its weights are
             baseline = 0  # loaded before we saw it: everything the process holds counts
-        self.model = model
-        self.device = device
-        self.dtype = dtype
+        self.model, self.device, self.dtype = model, device, dtype
         self.num_fused_modules = fuse_kernels(config, model, device)
         self.block_size = engine.block_size
         self.max_model_len: int = engine.max_model_len or DEFAULT_MAX_MODEL_LEN
@@ -164,10 +162,11 @@ class StageEngine:
                 f"request {request_id!r}: prompt of {request.num_prompt_tokens} tokens is longer "
                 f"than max_model_len={self.max_model_len}"
             )
-        bad = [t for t in request.prompt_token_ids if t >= self.model.vocab_size]
-        if bad:
+        vocab_size, prompt = self.model.vocab_size, request.prompt_token_ids
+        if prompt and max(prompt) >= vocab_size:  # max at C speed: prompts run to 100k tokens
+            bad = next(t for t in prompt if t >= vocab_size)
             raise ValueError(
-                f"request {request_id!r}: token id {bad[0]} is outside the vocabulary of "
+                f"request {request_id!r}: token id {bad} is outside the vocabulary of "
                 f"{self.model.vocab_size} (stage {self.name!r})"
             )
         longest = min(
