@@ -226,19 +226,35 @@ class AsyncOmni:
         return self.driver
 
     def _decode(self, stage: str, token_ids: list[int]) -> str | None:
-        """Text in the stage's own vocabulary; None for stages whose tokens are not text."""
-        if not produces_text(self.config.stage(stage).adapter):
-            return None
+        """Text in the stage's own vocabulary; None for stages whose tokens are not text.
+        Twice per request and step from the driver: the stage's decoder is looked up once."""
+        decode = self._decoders.get(stage)
+        if decode is None:
+            decode = self._decoder(stage)
+        with self._tokenizer_lock:
+            return decode(token_ids)
+
+    def _decoder(self, stage: str) -> Callable[[list[int]], str | None]:
         with self._tokenizer_lock:
             decode = self._decoders.get(stage)
-            if decode is None:
+            if decode is not None:
+                return decode
+            config = self.config.stage(stage)
+            if not produces_text(config.adapter):
+                decode = _no_text
+            else:
                 if stage not in self._tokenizers:  # the root's is the prompt processor's
                     try:
-                        self._tokenizers[stage] = load_tokenizer(self.config.stage(stage).model)
+                        self._tokenizers[stage] = load_tokenizer(config.model)
                     except (OSError, ValueError, KeyError):
                         self._tokenizers[stage] = None  # e.g. a vocoder or codec stage
-                decode = self._decoders[stage] = text_decoder(self._tokenizers[stage])
-            return decode(token_ids)
+                decode = text_decoder(self._tokenizers[stage])
+            self._decoders[stage] = decode
+            return decode
+
+
+def _no_text(token_ids: list[int]) -> None:
+    return None
 
 
 def _show(value: object) -> str:
