@@ -52,7 +52,7 @@ from stages.qwen2_5_omni.token2wav_chunks import (
     request_noise,
     solve_mels,
 )
-from stages.qwen2_5_omni.token2wav_graphs import VelocityGraphs
+from stages.qwen2_5_omni.token2wav_graphs import ChunkGraphs
 from stages.qwen2_5_omni.token2wav_memory import (
     WHOLE_DECODE_BUDGET_BYTES,
     max_whole_decode_codes,
@@ -108,7 +108,7 @@ class OmniToken2WavAdapter(StageModelBase):
             budget_bytes=whole_decode_budget_bytes,
         )  # fmt: skip
         self._encoded_speakers: dict[str, SpeakerInputs] = {}
-        self.velocity_graphs: VelocityGraphs | None = None
+        self.chunk_graphs: ChunkGraphs | None = None
         self.chunk_autocast: torch.dtype | None = None  # None: chunks in float32
         self.num_float32_retries = 0
 
@@ -120,14 +120,15 @@ class OmniToken2WavAdapter(StageModelBase):
         self.chunk_autocast = None if dtype == torch.float32 else dtype
 
     def enable_cuda_graphs(self, max_chunks_per_step: int, required: bool = False) -> None:
-        """Streamed chunks' DiT evaluations replayed as CUDA graphs (token2wav_graphs.py),
+        """Streamed chunks' DiT evaluations and BigVGAN replayed as CUDA graphs (token2wav_graphs.py),
         frames padded to two attention blocks; on the CPU the same shapes run eagerly.
         required: a failed capture raises (else it is logged and the chunks run eagerly)."""
-        self.velocity_graphs = VelocityGraphs(
+        self.chunk_graphs = ChunkGraphs(
             self.dit,
             frame_multiple=2 * self.dit.block_size,
             max_rows=max_chunks_per_step,
             required=required,
+            bigvgan=self.bigvgan,
         )
 
     def speed_stats(self) -> dict[str, Any]:
@@ -136,14 +137,14 @@ class OmniToken2WavAdapter(StageModelBase):
             "chunk_dtype": str(self.chunk_autocast or torch.float32).removeprefix("torch."),
             "float32_retries": self.num_float32_retries,
         }
-        graphs = self.velocity_graphs
+        graphs = self.chunk_graphs
         if graphs is None:
             return {**precision, "cuda_graphs": 0}
         return {
             **precision,
-            "cuda_graphs": graphs.num_graphs,
-            "graph_captures": graphs.num_captures,
-            "graph_replays": graphs.num_replays,
+            "cuda_graphs": graphs.num_graphs + graphs.num_vocoder_graphs,
+            "graph_captures": graphs.num_captures + graphs.num_vocoder_captures,
+            "graph_replays": graphs.num_replays + graphs.num_vocoder_replays,
             "capture_s": graphs.capture_s,
             **({"graph_failure": graphs.failure} if graphs.failure else {}),
         }
@@ -224,8 +225,10 @@ class OmniToken2WavAdapter(StageModelBase):
             solved = self._solve(inputs, num_steps, sway_coefficient)
             for index, mel in zip(indices, solved, strict=True):
                 mels[index] = mel.T  # BigVGAN takes [mel_dim, frames]
+        graphs = self.chunk_graphs
+        wavs = graphs.vocode(mels) if graphs is not None else None
         chunks = []
-        for wav, window in zip(vocode(self.bigvgan, mels), windows, strict=True):
+        for wav, window in zip(wavs or vocode(self.bigvgan, mels), windows, strict=True):
             first = (window.emit_first_frame - window.first_frame) * self.hop
             num_samples = (window.emit_end_frame - window.emit_first_frame) * self.hop
             chunk = wav[first : first + num_samples]
@@ -237,7 +240,7 @@ class OmniToken2WavAdapter(StageModelBase):
     def _solve(
         self, inputs: list[DitWindow], num_steps: int, sway_coefficient: float | None
     ) -> list[torch.Tensor]:
-        autocast, graphs = self.chunk_autocast, self.velocity_graphs
+        autocast, graphs = self.chunk_autocast, self.chunk_graphs
         solved = solve_mels(self.dit, inputs, num_steps, sway_coefficient, graphs, autocast)
         # float16's range is small: a batch that overflowed is solved again in float32 (one
         # host sync per batch; the ODE's own time comparisons make nine more).

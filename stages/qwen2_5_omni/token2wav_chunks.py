@@ -112,7 +112,7 @@ def encode_speaker(
 
 
 class VelocityGraphsLike(Protocol):
-    """What solve_mels needs of token2wav_graphs.VelocityGraphs (fixed shapes, replayed)."""
+    """What solve_mels needs of token2wav_graphs.ChunkGraphs (fixed shapes, replayed)."""
 
     def padded_shape(self, num_frames: int, num_jobs: int) -> tuple[int, int]: ...
 

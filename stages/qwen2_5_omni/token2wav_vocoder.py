@@ -30,8 +30,26 @@ def vocode(bigvgan: nn.Module, mels: list[torch.Tensor]) -> list[torch.Tensor]:
     batch = torch.zeros(len(mels), mels[0].shape[0], int(host.max()), device=device)
     for row, mel in enumerate(mels):
         batch[row, :, : mel.shape[1]] = mel
-    hidden = bigvgan.process_mel_spectrogram(batch)  # per sample
-    hidden = bigvgan.conv_pre(_zero_tail(hidden, lengths))
+    wav = _forward(bigvgan, bigvgan.process_mel_spectrogram(batch), lengths)
+    hop = wav.shape[-1] // batch.shape[-1]
+    return [wav[row, 0, : length * hop] for row, length in enumerate(host.tolist())]
+
+
+def vocode_padded(
+    bigvgan: nn.Module, processed: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """[rows, frames * hop] waveforms of a padded batch whose rows hold `lengths` [rows] (on its
+    device, each >= 1) frames; a row is valid up to its length * hop. `processed` is
+    bigvgan.process_mel_spectrogram of the padded mels [rows, mel_dim, frames], done by the
+    caller (it makes a tensor from a Python scalar: a host-to-device copy, which a CUDA graph
+    cannot hold). Every row's tail is masked from the device lengths, whatever they are: no
+    host read, so a CUDA graph of it replays right for any lengths."""
+    return _forward(bigvgan, processed, _Lengths(None, lengths))[:, 0]
+
+
+def _forward(bigvgan: nn.Module, processed: torch.Tensor, lengths: _Lengths) -> torch.Tensor:
+    """BigVGAN's forward after process_mel_spectrogram (per sample), with padding-aware inputs."""
+    hidden = bigvgan.conv_pre(_zero_tail(processed, lengths))
     num_blocks = bigvgan.num_residual_blocks
     for layer, (upsample,) in enumerate(bigvgan.ups):
         num_in = hidden.shape[-1]
@@ -43,16 +61,15 @@ def vocode(bigvgan: nn.Module, mels: list[torch.Tensor]) -> list[torch.Tensor]:
         blocks = bigvgan.resblocks[layer * num_blocks : (layer + 1) * num_blocks]
         hidden = sum(_amp_block(block, hidden, lengths) for block in blocks) / num_blocks
     hidden = _anti_aliased(bigvgan.activation_post, hidden, lengths)
-    wav = torch.clamp(bigvgan.conv_post(_zero_tail(hidden, lengths)), min=-1.0, max=1.0)
-    return [wav[row, 0, :length] for row, length in enumerate(lengths.host.tolist())]
+    return torch.clamp(bigvgan.conv_post(_zero_tail(hidden, lengths)), min=-1.0, max=1.0)
 
 
 class _Lengths:
     """Each row's valid samples at one rate: on the host (where they are read) and on the
     device; the padding masks and indices built from them are kept per padded length."""
 
-    def __init__(self, host: np.ndarray, on_device: torch.Tensor) -> None:
-        self.host = host
+    def __init__(self, host: np.ndarray | None, on_device: torch.Tensor) -> None:
+        self.host = host  # None: not read on the host (every row's tail is masked)
         self.on_device = on_device
         self._scaled: dict[int, _Lengths] = {}
         self._inside: dict[int, torch.Tensor] = {}
@@ -60,12 +77,13 @@ class _Lengths:
 
     def times(self, factor: int) -> _Lengths:
         if factor not in self._scaled:
-            self._scaled[factor] = _Lengths(self.host * factor, self.on_device * factor)
+            host = None if self.host is None else self.host * factor
+            self._scaled[factor] = _Lengths(host, self.on_device * factor)
         return self._scaled[factor]
 
     def fill(self, num_samples: int) -> bool:
         """Whether every row fills all num_samples (no padding to fix)."""
-        return bool((self.host == num_samples).all())
+        return self.host is not None and bool((self.host == num_samples).all())
 
     def inside(self, num_samples: int) -> torch.Tensor:
         """[B, 1, T] True where a sample is within its row's length."""

@@ -39,13 +39,14 @@ def test_replayed_chunks_equal_eager_on_the_gpu(omni_dir):
     eager = amplify_dit(OmniToken2WavAdapter(omni_dir, device=CUDA))
     graphed = amplify_dit(OmniToken2WavAdapter(omni_dir, device=CUDA))
     graphed.enable_cuda_graphs(4)
-    graphs = graphed.velocity_graphs
+    graphs = graphed.chunk_graphs
     assert graphs is not None
     codes = random_codes(60, seed=1)
     want, _ = timed_chunks(eager, jobs_of(codes))  # warms the eager kernels too
     got, capture_s = timed_chunks(graphed, jobs_of(codes))
     assert_chunks_close(got, want)
     assert (graphs.num_captures, graphs.num_graphs) == (2, 2)
+    assert (graphs.num_vocoder_captures, graphs.failure) == (1, None)  # BigVGAN replayed too
     other = random_codes(60, seed=2)
     want, eager_s = timed_chunks(eager, jobs_of(other))
     got, replay_s = timed_chunks(graphed, jobs_of(other))

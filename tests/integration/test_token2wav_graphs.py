@@ -1,4 +1,4 @@
-"""token2wav's DiT evaluations through VelocityGraphs (stages/qwen2_5_omni/token2wav_graphs.py),
+"""token2wav's DiT evaluations through ChunkGraphs (stages/qwen2_5_omni/token2wav_graphs.py),
 run on the CPU, where the graphs' padded shapes and reused buffers run eagerly: streamed chunks
 equal the unpadded eager ones (padding rows and frames sit outside every real frame's
 attention; the amplified DiT shows a leak as 1e-3 and more), a shape's buffers reloaded for
@@ -18,7 +18,8 @@ from omni.messages import InputDelta
 from omni.runtime.stage_model import ChunkJob
 from stages.qwen2_5_omni import token2wav_graphs
 from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
-from stages.qwen2_5_omni.token2wav_graphs import VelocityGraphs
+from stages.qwen2_5_omni.token2wav_graphs import ChunkGraphs
+from stages.qwen2_5_omni.token2wav_vocoder import vocode, vocode_padded
 from tests.integration.test_token2wav_stream import (
     SEED,
     amplify_dit,
@@ -57,19 +58,19 @@ def assert_chunks_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> No
 
 
 def test_padded_shapes():
-    graphs = VelocityGraphs(torch.nn.Module(), frame_multiple=48, max_rows=6)
+    graphs = ChunkGraphs(torch.nn.Module(), frame_multiple=48, max_rows=6)
     assert graphs.padded_shape(1, 1) == (48, 1)
     assert graphs.padded_shape(48, 2) == (48, 2)
     assert graphs.padded_shape(49, 3) == (96, 4)
     assert graphs.padded_shape(10, 5) == (48, 6)  # the next power of two, capped at max_rows
     assert graphs.padded_shape(10, 7) == (48, 7)  # more than max_rows: as many as there are
     with pytest.raises(ValueError, match="frame_multiple 0"):
-        VelocityGraphs(torch.nn.Module(), frame_multiple=0, max_rows=1)
+        ChunkGraphs(torch.nn.Module(), frame_multiple=0, max_rows=1)
 
 
 def test_graphed_chunks_equal_eager_and_reuse_their_shapes(omni_dir, amplified):
     adapter = graphed(omni_dir)
-    graphs = adapter.velocity_graphs
+    graphs = adapter.chunk_graphs
     assert graphs is not None
     first, second = random_codes(60, seed=1), random_codes(60, seed=2)
     assert_chunks_close(
@@ -81,12 +82,16 @@ def test_graphed_chunks_equal_eager_and_reuse_their_shapes(omni_dir, amplified):
     got = adapter.decode_chunks(jobs_of(second, seed=SEED + 5))
     assert_chunks_close(got, amplified.decode_chunks(jobs_of(second, seed=SEED + 5)))
     assert graphs.num_captures == 2
-    assert adapter.speed_stats()["cuda_graphs"] == 2
+    # BigVGAN: one padded batch shape (4 rows) per call, captured once.
+    assert (graphs.num_vocoder_captures, graphs.num_vocoder_graphs) == (1, 1)
+    assert graphs.num_vocoder_replays == 2
+    stats = adapter.speed_stats()
+    assert (stats["cuda_graphs"], stats["graph_captures"]) == (3, 3)
 
 
 def test_the_least_recently_used_shape_is_dropped(omni_dir, amplified):
     adapter = graphed(omni_dir)
-    graphs = adapter.velocity_graphs
+    graphs = adapter.chunk_graphs
     assert graphs is not None
     graphs.max_graphs = 1
     codes = random_codes(60, seed=3)
@@ -168,5 +173,39 @@ def test_a_failed_capture_falls_back_to_eager_unless_required(
         assert_chunks_close(
             adapter.decode_chunks(jobs_of(codes)), amplified.decode_chunks(jobs_of(codes))
         )
-    stats = adapter.speed_stats()
-    assert stats["cuda_graphs"] == 0 and "capturing" in stats["graph_failure"]
+    graphs = adapter.chunk_graphs
+    assert graphs is not None and graphs.num_graphs == 0 and graphs.num_captures == 0
+    assert "capturing" in adapter.speed_stats()["graph_failure"]
+
+
+def test_padded_vocoder_rows_equal_their_own_decode(omni_dir):
+    """vocode_padded (every row's tail masked from device lengths, as its graph runs) gives
+    each row the samples of its own unbatched decode, a padding row of one frame included."""
+    adapter = OmniToken2WavAdapter(omni_dir)
+    gen = torch.Generator().manual_seed(4)
+    lengths = [30, 17, 48, 1]
+    mels = [torch.randn(80, n, generator=gen) - 5 for n in lengths]
+    batch = torch.zeros(4, 80, 48)
+    for row, mel in enumerate(mels):
+        batch[row, :, : mel.shape[1]] = mel
+    with torch.inference_mode():
+        processed = adapter.bigvgan.process_mel_spectrogram(batch)
+        wav = vocode_padded(adapter.bigvgan, processed, torch.tensor(lengths))
+        for row, mel in enumerate(mels):
+            want = vocode(adapter.bigvgan, [mel])[0]
+            torch.testing.assert_close(wav[row, : want.numel()], want, atol=1e-5, rtol=0)
+
+
+def test_a_failed_vocoder_capture_leaves_bigvgan_eager(omni_dir, amplified, monkeypatch):
+    def fail(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(token2wav_graphs, "VocoderGraph", fail)
+    adapter = graphed(omni_dir)
+    codes = random_codes(60, seed=6)
+    for _ in range(2):
+        got = adapter.decode_chunks(jobs_of(codes))
+        assert_chunks_close(got, amplified.decode_chunks(jobs_of(codes)))
+    graphs = adapter.chunk_graphs
+    assert graphs is not None and graphs.num_vocoder_graphs == 0 and graphs.num_graphs == 2
+    assert "capturing" in adapter.speed_stats()["graph_failure"]
