@@ -41,7 +41,7 @@ run_one() {
     --tb=short -p no:cacheprovider --timeout 120 --junitxml "$out/suite.xml" \
     ${PYTEST_ARGS:-tests/} ;;
   # One process: each cuda test sizes its pools from the GPU's free memory (tests/conftest.py).
-  cuda) run_part cuda 240 python3 -m pytest -q -m cuda -rfE --tb=short -p no:cacheprovider \
+  cuda) run_part cuda 300 python3 -m pytest -q -m cuda -rfE --tb=short -p no:cacheprovider \
     --timeout 120 --junitxml "$out/cuda.xml" ${PYTEST_ARGS:-tests/} ;;
   decode) run_part decode 200 python3 bench/gpu.py --profile --skip hf --skip omni \
     --skip hf-static --decode-batch 16,64 --decode-tokens 64 --prefix-requests 3 ;;
