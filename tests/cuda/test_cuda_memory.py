@@ -57,8 +57,10 @@ def test_garbage_freed_while_a_stage_loads_is_not_in_its_baseline(qwen2_dir):
 
 def test_a_stage_is_sized_from_its_own_footprint(qwen2_dir):
     """40% of the GPU held before the stage loads (standing in for an earlier stage of a local
-    pipeline): its 0.3 share still holds a KV pool of nearly 0.3 of the GPU. Measured against
-    the process's allocations (before the fix) the peak exceeded the share: a ConfigError."""
+    pipeline): its 0.1 share still holds a KV pool of nearly 0.1 of the GPU. Measured against
+    the process's allocations (before the fix) the peak exceeded the share: a ConfigError.
+    (0.1, not more: the tiny model's blocks are small, and the block pool's host bookkeeping
+    grows with their number; 0.3 took 52 s on an H200.)"""
     total = torch.cuda.mem_get_info(CUDA)[1]
     held = torch.empty(int(0.4 * total), dtype=torch.uint8, device=CUDA)
     try:
@@ -68,13 +70,13 @@ def test_a_stage_is_sized_from_its_own_footprint(qwen2_dir):
             dtype="float32",
             outputs=[],  # no output cache: the KV alone fills the share
             block_size=16,
-            gpu_memory_utilization=0.3,
+            gpu_memory_utilization=0.1,
             max_model_len=4096,
             max_num_seqs=65536,  # the cap (sequences x max_model_len) stays above the share
         )
         kv = engine.runner.kv_cache_bytes
-        print(f"\nshare 0.3 of {total:,} bytes beside {held.numel():,} held: KV {kv:,} bytes")
-        assert 0.25 * total < kv <= 0.3 * total
+        print(f"\nshare 0.1 of {total:,} bytes beside {held.numel():,} held: KV {kv:,} bytes")
+        assert 0.08 * total < kv <= 0.1 * total
         greedy = SamplingParams(max_tokens=4, ignore_eos=True)
         results = run_engine(engine, [[5, 6, 7, 8], [9, 10]], greedy)
         assert [len(r.token_ids) for r in results] == [4, 4]
