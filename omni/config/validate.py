@@ -40,10 +40,17 @@ def config_error(path: str, message: str) -> ConfigError:
     return ConfigError(f"{prefix}{path}: {message}")
 
 
-def require(ok: bool, owner: object, field: str, expected: str, value: object = None) -> None:
-    """FieldError unless ok; the value shown defaults to the owner's attribute `field`."""
+_OWN = object()  # require's default: show the owner's attribute
+
+
+def require(ok: bool, owner: object, field: str, expected: str, value: object = _OWN) -> None:
+    """FieldError unless ok; the value shown defaults to the owner's attribute `field` (a
+    dotted field, e.g. stream.enabled, is read through its parts)."""
     if not ok:
-        value = getattr(owner, field) if value is None else value
+        if value is _OWN:
+            value = owner
+            for part in field.split("."):
+                value = getattr(value, part)
         raise FieldError(type(owner).__name__, field, f"must be {expected}, got {value!r}")
 
 

@@ -62,8 +62,8 @@ class GenerationEngine:
         self.model: GenerationModel = model
         self.device = device
         on_gpu = device.type == "cuda"
+        self.chunk_dtype = chunk_dtype(config, model, device)  # before graphs: their precision
         self.cuda_graphs = chunk_graphs(config, model, device)
-        self.chunk_dtype = chunk_dtype(config, model, device)
         self.batch_whole = can_batch and config.engine.resolved_batch_whole_requests(on_gpu)
         self._pending: OrderedDict[str, tuple[StageInput, float, int]] = OrderedDict()
         self._streams: dict[str, Stream] = {}

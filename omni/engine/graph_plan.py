@@ -13,12 +13,15 @@ runs the same padded steps eagerly; false keeps every step eager.
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
 
 import torch
 
 from omni.config import StageConfig
 from omni.config.validate import config_error
 from omni.runtime.fused_layers import install_fused_kernels
+from omni.runtime.stage_model import ChunkJob
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +63,29 @@ def chunk_graphs(config: StageConfig, model: object, device: torch.device) -> bo
             )
         return False
     enable(config.engine.max_num_seqs, required=requested is True)
+    _warm_up_chunks(config, model)
     return True
+
+
+def _warm_up_chunks(config: StageConfig, model: Any) -> None:
+    """Decode a stream's first chunk and a steady one (one request, codes of id 0) so that
+    their graphs are captured now, at start-up, not in the first real request's first audio."""
+    stream = config.stream
+    left, ahead = model.chunk_defaults()
+    left = left if stream.left_context is None else stream.left_context
+    ahead = ahead if stream.look_ahead is None else stream.look_ahead
+    first = stream.first_chunk_size
+    # The second chunk of chunk_size: far enough in for its whole left context, as later ones.
+    steady = first + sum(stream.ramp) + stream.chunk_size
+    start = time.perf_counter()
+    for begin, end in ((0, first), (steady, steady + stream.chunk_size)):
+        codes = (0,) * (end + ahead)
+        model.decode_chunks([ChunkJob(codes, begin, end, left, ahead, False, 0)])
+    logger.info(
+        "stage %r: first and steady chunks decoded at start-up in %.2f s (graphs captured)",
+        config.name,
+        time.perf_counter() - start,
+    )
 
 
 def chunk_dtype(config: StageConfig, model: object, device: torch.device) -> torch.dtype:
