@@ -71,6 +71,8 @@ def _warm_up_chunks(config: StageConfig, model: Any) -> None:
     """Decode a stream's first chunk and a steady one (one request, codes of id 0) so that
     their graphs are captured now, at start-up, not in the first real request's first audio."""
     stream = config.stream
+    if not callable(getattr(model, "chunk_defaults", None)):
+        return
     left, ahead = model.chunk_defaults()
     left = left if stream.left_context is None else stream.left_context
     ahead = ahead if stream.look_ahead is None else stream.look_ahead
@@ -78,9 +80,13 @@ def _warm_up_chunks(config: StageConfig, model: Any) -> None:
     # The second chunk of chunk_size: far enough in for its whole left context, as later ones.
     steady = first + sum(stream.ramp) + stream.chunk_size
     start = time.perf_counter()
-    for begin, end in ((0, first), (steady, steady + stream.chunk_size)):
-        codes = (0,) * (end + ahead)
-        model.decode_chunks([ChunkJob(codes, begin, end, left, ahead, False, 0)])
+    try:
+        for begin, end in ((0, first), (steady, steady + stream.chunk_size)):
+            codes = (0,) * (end + ahead)
+            model.decode_chunks([ChunkJob(codes, begin, end, left, ahead, False, 0)])
+    except Exception as e:  # the stage still serves; a request then reports what fails
+        logger.warning("stage %r: chunk warm-up failed (%s)", config.name, e)
+        return
     logger.info(
         "stage %r: first and steady chunks decoded at start-up in %.2f s (graphs captured)",
         config.name,
