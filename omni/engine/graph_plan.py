@@ -63,11 +63,11 @@ def chunk_graphs(config: StageConfig, model: object, device: torch.device) -> bo
             )
         return False
     enable(config.engine.max_num_seqs, required=requested is True)
-    _warm_up_chunks(config, model)
+    _warm_up_chunks(config, model, required=requested is True)
     return True
 
 
-def _warm_up_chunks(config: StageConfig, model: Any) -> None:
+def _warm_up_chunks(config: StageConfig, model: Any, *, required: bool) -> None:
     """Decode a stream's first chunk and a steady one (one request, codes of id 0) so that
     their graphs are captured now, at start-up, not in the first real request's first audio."""
     stream = config.stream
@@ -85,6 +85,8 @@ def _warm_up_chunks(config: StageConfig, model: Any) -> None:
             codes = (0,) * (end + ahead)
             model.decode_chunks([ChunkJob(codes, begin, end, left, ahead, False, 0)])
     except Exception as e:  # the stage still serves; a request then reports what fails
+        if required:  # cuda_graphs: true, and a capture failed
+            raise
         logger.warning("stage %r: chunk warm-up failed (%s)", config.name, e)
         return
     logger.info(
