@@ -214,3 +214,15 @@ def test_a_failed_vocoder_capture_leaves_bigvgan_eager(omni_dir, amplified, monk
     graphs = adapter.chunk_graphs
     assert graphs is not None and graphs.num_vocoder_graphs == 0 and graphs.num_graphs == 2
     assert "capturing" in adapter.speed_stats()["graph_failure"]
+
+
+def test_a_required_graph_that_cannot_capture_stops_the_stage_at_start(omni_dir, monkeypatch):
+    """cuda_graphs: true and the start-up warm-up's capture fails: the engine does not start."""
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(token2wav_graphs, "VelocityGraph", fail)
+    adapter = OmniToken2WavAdapter(omni_dir)
+    with pytest.raises(RuntimeError, match="capturing"):
+        GenerationEngine(token2wav_stage(omni_dir, True), model=adapter)
