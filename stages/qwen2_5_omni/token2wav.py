@@ -62,6 +62,7 @@ from stages.qwen2_5_omni.token2wav_vocoder import hop_length, reach_frames, voco
 
 logger = logging.getLogger(__name__)
 
+MAX_FLOAT32_RETRIES = 3  # overflowing batches before the chunks stay in float32
 SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN output rate (input_processors.py, docs: 24 kHz audio)
 DEFAULT_SPEAKER = "Chelsie"
 # Qwen2_5OmniToken2WavModel.forward defaults, overridable per request through extras.
@@ -250,6 +251,9 @@ class OmniToken2WavAdapter(StageModelBase):
                 "token2wav: a %s chunk batch was not finite; decoded in float32", autocast
             )
             solved = solve_mels(self.dit, inputs, num_steps, sway_coefficient, graphs, None)
+            if self.num_float32_retries >= MAX_FLOAT32_RETRIES:  # these weights overflow it
+                logger.warning("token2wav: chunks in float32 from now on (%s overflowed)", autocast)
+                self.chunk_autocast = None
         return solved
 
     def _dit_window(self, job: ChunkJob, window: Window) -> DitWindow:

@@ -62,7 +62,7 @@ def test_reduced_precision_chunks_stay_within_their_bound(omni_dir, float32_chun
 
 def test_a_float16_overflow_is_decoded_again_in_float32(omni_dir):
     """A DiT whose velocity exceeds float16's range (65504): every batch overflows and is solved
-    again in float32, giving exactly the float32 chunks."""
+    again in float32, giving exactly the float32 chunks; after three, float32 for good."""
     huge = {}
     for dtype in (torch.float32, torch.float16):
         adapter = adapter_in(omni_dir, dtype)
@@ -75,6 +75,11 @@ def test_a_float16_overflow_is_decoded_again_in_float32(omni_dir):
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert huge[torch.float16].num_float32_retries == 2  # the two ODE schedules' batches
     assert huge[torch.float32].num_float32_retries == 0
+    # A third overflow: these weights overflow float16, so the chunks stay in float32 after it.
+    again = huge[torch.float16].decode_chunks(jobs_of(codes))
+    assert all(torch.equal(a, b) for a, b in zip(again, want, strict=True))
+    assert huge[torch.float16].num_float32_retries == 3
+    assert huge[torch.float16].speed_stats()["chunk_dtype"] == "float32"
 
 
 @pytest.mark.parametrize(("requested", "want"), [(None, torch.float32), ("float16", torch.float16)])
