@@ -202,7 +202,7 @@ async def omni_request(engine: AsyncOmni, ids: list[int], params: list[SamplingP
 def counters(engine: AsyncOmni) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, stats in engine.stats().items():
-        for key in ("steps", "preemptions"):
+        for key in ("steps", "preemptions", "busy_s"):
             if isinstance(stats.get(key), int | float):
                 out[f"{name} {key}"] = float(stats[key])
     return out

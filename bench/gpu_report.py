@@ -120,6 +120,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
             "first audio",
             "audio done",
             "steps " + "/".join(stages),
+            "step ms " + "/".join(stages),
             "preemptions",
         )
         where = []
@@ -131,6 +132,11 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
 
             cnt = level["counters"]
             steps = "/".join(f"{cnt.get(f'{s} steps', 0):.0f}" for s in stages)
+            # Mean time in a stage's step() during the level (busy_s / steps): slow steps show.
+            step_ms = "/".join(
+                f"{1e3 * cnt.get(f'{s} busy_s', 0.0) / max(cnt.get(f'{s} steps', 0.0), 1):.1f}"
+                for s in stages
+            )
             pre = sum(cnt.get(f"{s} preemptions", 0.0) for s in stages)
             where.append(
                 (
@@ -144,6 +150,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
                     p50(f"{vocoder} first_audio_s"),
                     p50(f"{vocoder} finished_s"),
                     steps,
+                    step_ms,
                     f"{pre:.0f}",
                 )
             )
