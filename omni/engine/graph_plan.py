@@ -68,8 +68,9 @@ def chunk_graphs(config: StageConfig, model: object, device: torch.device) -> bo
 
 
 def _warm_up_chunks(config: StageConfig, model: Any, *, required: bool) -> None:
-    """Decode a stream's first chunk and a steady one (one request, codes of id 0) so that
-    their graphs are captured now, at start-up, not in the first real request's first audio."""
+    """Decode a stream's first chunk and a steady one (codes of id 0), alone and in batches of
+    2, 4, ... up to max_num_seqs, so that their graphs are captured now, at start-up, not
+    within a request's first audio (as vLLM captures every batch size before serving)."""
     stream = config.stream
     if not callable(getattr(model, "chunk_defaults", None)):
         return
@@ -80,18 +81,21 @@ def _warm_up_chunks(config: StageConfig, model: Any, *, required: bool) -> None:
     # The second chunk of chunk_size: far enough in for its whole left context, as later ones.
     steady = first + sum(stream.ramp) + stream.chunk_size
     start = time.perf_counter()
+    rows = [1 << i for i in range(config.engine.max_num_seqs.bit_length())]
     try:
         for begin, end in ((0, first), (steady, steady + stream.chunk_size)):
-            codes = (0,) * (end + ahead)
-            model.decode_chunks([ChunkJob(codes, begin, end, left, ahead, False, 0)])
+            job = ChunkJob((0,) * (end + ahead), begin, end, left, ahead, False, 0)
+            for num_rows in rows:
+                model.decode_chunks([job] * num_rows)
     except Exception as e:  # the stage still serves; a request then reports what fails
         if required:  # cuda_graphs: true, and a capture failed
             raise
         logger.warning("stage %r: chunk warm-up failed (%s)", config.name, e)
         return
     logger.info(
-        "stage %r: first and steady chunks decoded at start-up in %.2f s (graphs captured)",
+        "stage %r: first and steady chunks decoded at start-up, %s at once, in %.2f s",
         config.name,
+        rows,
         time.perf_counter() - start,
     )
 

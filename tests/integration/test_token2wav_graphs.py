@@ -137,10 +137,11 @@ def test_the_engine_turns_them_on_by_config(omni_dir, amplified, cuda_graphs):
     adapter = amplify_dit(OmniToken2WavAdapter(omni_dir))
     stage = GenerationEngine(token2wav_stage(omni_dir, cuda_graphs), model=adapter)
     assert stage.cuda_graphs is (cuda_graphs is True)
-    # Warmed up at start-up: the first and steady chunks' shapes (here one: 48 frames, one row)
-    # for the DiT and BigVGAN; the request's chunks then capture nothing new.
+    # Warmed up at start-up: the first and steady chunks' shapes (here both 48 frames) in
+    # batches of 1, 2 and 4 (max_num_seqs 4), for the DiT and BigVGAN; the request's chunks
+    # then capture nothing new.
     at_start = stage.stats().get("graph_captures", 0)
-    assert at_start == (2 if cuda_graphs else 0)
+    assert at_start == (6 if cuda_graphs else 0)
     codes = random_codes(30, seed=4)
     audio = stream(stage, codes)
     assert stage.stats().get("graph_captures", 0) == at_start
