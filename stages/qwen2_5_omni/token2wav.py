@@ -121,9 +121,10 @@ class OmniToken2WavAdapter(StageModelBase):
         self.chunk_autocast = None if dtype == torch.float32 else dtype
 
     def enable_cuda_graphs(self, max_chunks_per_step: int, required: bool = False) -> None:
-        """Streamed chunks' DiT evaluations and BigVGAN replayed as CUDA graphs (token2wav_graphs.py),
-        frames padded to two attention blocks; on the CPU the same shapes run eagerly.
-        required: a failed capture raises (else it is logged and the chunks run eagerly)."""
+        """Streamed chunks' DiT evaluations and BigVGAN replayed as CUDA graphs
+        (token2wav_graphs.py), frames padded to two attention blocks; on the CPU the same
+        shapes run eagerly. required: a failed capture raises (else it is logged and the chunks
+        run eagerly)."""
         self.chunk_graphs = ChunkGraphs(
             self.dit,
             frame_multiple=2 * self.dit.block_size,
