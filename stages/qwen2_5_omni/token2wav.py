@@ -15,9 +15,10 @@ request's code length: batching would change the draws. A request longer than th
 budget allows (the DiT's masks grow with the square of its length: token2wav_memory.py) is
 decoded in windows through the streaming path instead, on any device.
 
-On a GPU the model runs there (still float32) and the DiT draws its noise from that GPU's
+On a GPU the model runs there (float32 weights) and the DiT draws its noise from that GPU's
 generator (seeded and forked the same way), as transformers does on that GPU; waveforms come
-back as CPU tensors. The chunked path's noise is drawn on the CPU (request_noise: only the CPU
+back as CPU tensors. Streamed chunks run the DiT's matmuls in `stream.dtype` (float16 on a GPU
+by default, set_chunk_dtype) and replay as CUDA graphs (enable_cuda_graphs). The chunked path's noise is drawn on the CPU (request_noise: only the CPU
 generator gives the same values for every prefix of a request), so on a GPU streamed chunks use
 other noise than a whole-sequence decode of the same seed: equally valid speech, not the same
 samples (docs/gpu.md).
