@@ -28,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from omni.core.scheduler_output import ScheduledRequest
 from omni.runtime import attention
 from omni.runtime.attention import AttentionMetadata
 from omni.runtime.block_tables import BlockTables
+from omni.runtime.graph_cache import capture_graph
 from omni.runtime.stage_model import ModelOutputs, StageModel
 
 logger = logging.getLogger(__name__)
@@ -248,20 +250,12 @@ class DecodeGraphs:
         start = time.perf_counter()
         reserved = torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(device=self.device)
         for shape in sorted(self.shapes, key=lambda s: s[1], reverse=True):
             self._fill_padding(shape)
             self._dev.copy_(self._host)
             self._dev_tables.copy_(self._host_tables)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._forward(shape, static=True)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                self._graph_outputs[shape] = self._forward(shape, static=True)
-            self._graphs[shape] = graph
+            run = functools.partial(self._forward, shape, static=True)
+            self._graphs[shape], self._graph_outputs[shape] = capture_graph(run, self.device, pool)
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - start
         self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
