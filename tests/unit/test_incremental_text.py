@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from omni.driver.incremental_text import IncrementalText
+from omni.driver.incremental_text import MAX_WINDOW, IncrementalText
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -56,3 +56,23 @@ def test_the_decoder_of_a_plain_fast_tokenizer_equals_transformers_decode(tokeni
     cleaning = AutoTokenizer.from_pretrained(llama_dir, clean_up_tokenization_spaces=True)
     assert text_decoder(cleaning).__code__.co_freevars == ("slow",)
     assert text_decoder(None)([1, 2]) is None
+
+
+def test_a_long_stream_decodes_about_once_per_step(tokenizer):
+    """Past several windows (MAX_WINDOW tokens each) the text is still the full decode, and a
+    step costs one decode but where a window's start moves (two then)."""
+    text = " ".join(TEXTS * 4)
+    token_ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(token_ids) > 5 * MAX_WINDOW
+    calls = []
+
+    def decode(ids):
+        calls.append(len(ids))
+        return tokenizer.decode(ids)
+
+    stream = IncrementalText()
+    for n in range(1, len(token_ids) + 1):
+        got = stream.update(token_ids[:n], decode)
+    assert got == tokenizer.decode(token_ids, skip_special_tokens=True)
+    assert len(calls) <= len(token_ids) * (1 + 2 / MAX_WINDOW)
+    assert max(calls) <= 2 * MAX_WINDOW  # windows stay short: O(new tokens) per step
