@@ -168,7 +168,7 @@ def solve_mels(
         times += sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
     velocity: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     if graphs is None:
-        velocity = functools.partial(_eager_velocity, dit, inputs, autocast)
+        velocity = functools.partial(eager_velocity, dit, inputs, autocast)
     else:
         velocity = graphs.velocity(inputs, initial, times[0], autocast)
     final = RungeKutta4ODESolver(function=velocity, initial_value=initial).integrate(times)[-1]
@@ -207,13 +207,14 @@ def dit_velocity(
     return guided + (guided - null) * guidance
 
 
-def _eager_velocity(
+def eager_velocity(
     dit: torch.nn.Module,
     inputs: tuple[torch.Tensor, ...],
     autocast: torch.dtype | None,
     time_step: torch.Tensor,
     state: torch.Tensor,
 ) -> torch.Tensor:
+    """dit_velocity with a solve's inputs bound first (the RK4 solver passes time and state)."""
     return dit_velocity(dit, time_step, state, *inputs, autocast=autocast)
 
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from omni.runtime.graph_cache import GraphCache, capture_graph
 from omni.runtime.host_upload import upload
-from stages.qwen2_5_omni.token2wav_chunks import dit_velocity
+from stages.qwen2_5_omni.token2wav_chunks import dit_velocity, eager_velocity
 from stages.qwen2_5_omni.token2wav_vocoder import vocode_padded
 
 Shape = tuple[object, ...]  # the inputs' shapes and the autocast dtype
@@ -187,7 +187,7 @@ class ChunkGraphs:
             state.device,
         )
         if graph is None:
-            return functools.partial(_eager, self._dit, inputs, autocast)
+            return functools.partial(eager_velocity, self._dit, inputs, autocast)
         graph.load(inputs)
         return _Counted(graph, self)
 
@@ -214,16 +214,6 @@ class ChunkGraphs:
         wav = graph(batch, on_device)
         hop = wav.shape[-1] // frames
         return [wav[row, : length * hop] for row, length in enumerate(lengths)]
-
-
-def _eager(
-    dit: nn.Module,
-    inputs: tuple[torch.Tensor, ...],
-    autocast: torch.dtype | None,
-    time: torch.Tensor,
-    state: torch.Tensor,
-) -> torch.Tensor:
-    return dit_velocity(dit, time, state, *inputs, autocast=autocast)
 
 
 class _Counted:
