@@ -202,16 +202,20 @@ class RayBackend:
 
     def _on_restarted(self, replica: str, ref: Any) -> list[StageEvent]:
         stage, index = self._where[replica]
-        held = self._held.pop(replica, [])
         try:
-            self.placement[replica] = ray.get(ref, timeout=self.timeout_s)
+            placement = ray.get(ref, timeout=self.timeout_s)
         except ray.exceptions.RayError as e:
+            self._held.pop(replica, None)
             why = f"stage {replica!r}: its replacement actor failed to start: {ray_error_cause(e)}"
             self._dead[replica] = why
             lost = self.replicas[stage].lost(index, DEAD)
             request_ids = None if self.replicas[stage].num_replicas == 1 else frozenset(lost)
             # The held requests are in flight in this stage: the driver fails them on this event.
             return [StageDied(stage, why, restarting=False, request_ids=request_ids)]
+        # Held (submits queue) until the replacement's placement is known: whoever sees the
+        # replica no longer held reads its new placement.
+        self.placement[replica] = placement
+        held = self._held.pop(replica, [])
         self.replicas[stage].restarted(index)
         self._start_poll(replica)
         if held:
