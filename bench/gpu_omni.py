@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from gpu_timing import allocated_gib, peak_gib, release, reset_peak, sync
 from gpu_workload import SEED, blocks_for, chat_ids, engine_overrides, omni_params
+from step_trace import StepTrace
 
 from omni import AsyncOmni, SamplingParams
 
@@ -209,12 +210,18 @@ def counters(engine: AsyncOmni) -> dict[str, float]:
 
 
 async def omni_level(
-    engine: AsyncOmni, prompts: list[list[int]], args: argparse.Namespace, at_once: bool
+    engine: AsyncOmni,
+    prompts: list[list[int]],
+    args: argparse.Namespace,
+    at_once: bool,
+    trace: StepTrace | None = None,
 ) -> dict[str, Any]:
     """All prompts launched at once (at_once) or one after another; wall = the whole level."""
     params = omni_params(args)
     reset_peak(args.device)
     before = counters(engine)
+    if trace is not None:
+        trace.start()
     start = time.perf_counter()
     if at_once:
         rows = list(await asyncio.gather(*(omni_request(engine, p, params) for p in prompts)))
@@ -227,6 +234,7 @@ async def omni_level(
         "wall": wall,
         "peak": peak_gib(args.device),
         "counters": {k: v - before.get(k, 0.0) for k, v in after.items()},
+        "trace": trace.take() if trace is not None else {},
     }
 
 
@@ -245,13 +253,14 @@ async def omni_section(model_dir: str, tokenizer: Any, args: argparse.Namespace)
             await omni_level(engine, warm[:1], args, at_once=False)
             await omni_level(engine, warm[1 : 1 + args.warmup], args, at_once=True)
         levels: list[tuple[str, dict]] = []
+        trace = StepTrace(engine)
         if args.single:
             prompts = [chat_ids(tokenizer, args.prompt_tokens, (1, i)) for i in range(args.single)]
-            levels.append(("single", await omni_level(engine, prompts, args, at_once=False)))
+            levels.append(("single", await omni_level(engine, prompts, args, False, trace)))
             print(f"  omni single: {levels[-1][1]['wall']:.2f} s", flush=True)
         for n in args.requests:
             prompts = [chat_ids(tokenizer, args.prompt_tokens, (2, n, i)) for i in range(n)]
-            levels.append((str(n), await omni_level(engine, prompts, args, at_once=True)))
+            levels.append((str(n), await omni_level(engine, prompts, args, True, trace)))
             print(f"  omni {n} at once: {levels[-1][1]['wall']:.2f} s", flush=True)
         results["levels"] = levels
         results["config"] = {s.name: s.engine for s in engine.config.stages}

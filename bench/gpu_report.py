@@ -13,6 +13,7 @@ from gpu_family import layout_name
 from gpu_omni_targets import omni_targets
 from gpu_targets import Target, pct, print_targets, verdict
 from gpu_timing import StepRecord
+from step_trace import report as report_trace
 
 ISSUE_SCALE = (
     "for scale (the issue, one H100, 7B layout, same workload): transformers takes about "
@@ -155,6 +156,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
                 )
             )
         table(where_header, where)
+        report_trace([(label, level.get("trace", {})) for label, level in levels.items()])
 
     targets = omni_targets(hf, ours, args)
     print_targets(targets, "omni targets")
