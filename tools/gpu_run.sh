@@ -9,7 +9,9 @@
 # Parts: cuda (the `cuda` tests, in one process), suite (the rest but Ray, 12 workers),
 # decode (bench/gpu.py's decoder parts with the profiler), host (bench/host_step.py), omni
 # (bench/gpu.py's Qwen2.5-Omni 7B parts), qwen3 (bench/gpu.py --family qwen3_omni_moe, cut to
-# 24 thinker layers). Set LIMIT_<part>=seconds to change a part's limit; PYTEST_ARGS adds
+# 24 thinker layers), ray (the `ray` tests, then tools/ray_gpu_check.py: stages on Ray with the
+# GPU split; needs Ray's three parts, tools/ray_parts.sh: each call stashes the part it carries
+# under /tmp/rayparts, and this part installs Ray from them). Set LIMIT_<part>=seconds to change a part's limit; PYTEST_ARGS adds
 # arguments to the suite's pytest (e.g. a list of test files).
 set -uo pipefail
 out=${OUT:-out}
@@ -18,6 +20,22 @@ nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton",
 triton.__version__, "transformers", transformers.__version__)' >>"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
+for d in .rayp1 .rayp2 .rayp3; do  # Ray's wheel, a part per call (tools/ray_parts.sh)
+  if [ -d "$d" ]; then mkdir -p /tmp/rayparts && cp "$d"/* /tmp/rayparts/; fi
+done
+ls /tmp/rayparts 2>/dev/null | tr '\n' ' ' | sed 's/^/ray parts stashed: /; s/$/\n/'
+
+install_ray() {
+  python3 -c 'import ray' 2>/dev/null && return 0
+  local parts=(/tmp/rayparts/part00 /tmp/rayparts/part01 /tmp/rayparts/part02)
+  for p in "${parts[@]}" /tmp/rayparts/NAME; do
+    [ -f "$p" ] || { echo "ray: $p missing (carry .rayp1, .rayp2, .rayp3 in three calls in a row)"; return 1; }
+  done
+  local wheel
+  wheel=/tmp/$(cat /tmp/rayparts/NAME)
+  cat "${parts[@]}" >"$wheel" && python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --target /tmp/site "$wheel" && python3 -c 'import ray; print("ray", ray.__version__)'
+}
 
 run_part() {
   local part=$1 limit=$2
@@ -48,6 +66,12 @@ run_one() {
   host) run_part host 60 python3 bench/host_step.py --batch 16,64 ;;
   omni) run_part omni 330 python3 bench/gpu.py --skip decode --skip prefix --skip steps \
     --hf-requests 2 --single 2 --requests 16 --warmup 1 ;;
+  ray)
+    export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+    install_ray || return
+    run_part ray 300 python3 -m pytest -q -m ray -n 4 -rfE --tb=short -p no:cacheprovider \
+      --timeout 180 --junitxml "$out/ray.xml" tests/
+    run_part ray_gpu 120 python3 tools/ray_gpu_check.py ;;
   qwen3) run_part qwen3 420 python3 bench/gpu.py --family qwen3_omni_moe --layers 24 \
     --hf-requests 2 --single 2 --warmup 1 ;;
   *) echo "unknown part: $part" >&2 ;;
