@@ -7,7 +7,8 @@
 #   bash tools/gpu_run.sh cuda+suite omni               # cuda and suite at the same time
 #
 # Parts: cuda (the `cuda` tests, in one process), suite (the rest but Ray, 12 workers),
-# decode (bench/gpu.py's decoder parts with the profiler), host (bench/host_step.py), omni
+# decode (bench/gpu.py's decoder parts with the profiler), host (bench/host_step.py), fused
+# (bench/fused_kernels.py: fused layers against transformers' at B=16), omni
 # (bench/gpu.py's Qwen2.5-Omni 7B parts), qwen3 (bench/gpu.py --family qwen3_omni_moe, cut to
 # 24 thinker layers), ray (the `ray` tests, then tools/ray_gpu_check.py: stages on Ray with the
 # GPU split; needs Ray's three parts, tools/ray_parts.sh: each call stashes the part it carries
@@ -64,6 +65,8 @@ run_one() {
   decode) run_part decode 200 python3 bench/gpu.py --profile --skip hf --skip omni \
     --skip hf-static --decode-batch 16,64 --decode-tokens 64 --prefix-requests 3 ;;
   host) run_part host 60 python3 bench/host_step.py --batch 16,64 ;;
+  # Fused Triton kernels against transformers' modules, eager and replayed (issue 20 item 2).
+  fused) run_part fused 120 python3 bench/fused_kernels.py --batch 16 --context 512 ;;
   omni) run_part omni 330 python3 bench/gpu.py --skip decode --skip prefix --skip steps \
     --hf-requests 2 --single 2 --requests 16 --warmup 1 ;;
   ray)
