@@ -234,11 +234,12 @@ class OmniToken2WavAdapter(StageModelBase):
         for wav, window in zip(wavs or vocode(self.bigvgan, mels), windows, strict=True):
             first = (window.emit_first_frame - window.first_frame) * self.hop
             num_samples = (window.emit_end_frame - window.emit_first_frame) * self.hop
-            chunk = wav[first : first + num_samples]
-            # A copy (to the host, or a clone there): a view would keep the whole batch's
-            # waveforms alive with the chunk.
-            chunks.append(chunk.cpu() if chunk.device.type != "cpu" else chunk.clone())
-        return chunks
+            chunks.append(wav[first : first + num_samples])
+        # Copied out of the batch's waveforms (a view would keep them all alive), in one piece:
+        # on a GPU one device-to-host copy and one sync per step, not one per chunk.
+        if len(chunks) < 2:
+            return [chunk.to("cpu", copy=True) for chunk in chunks]
+        return list(torch.cat(chunks).cpu().split([chunk.numel() for chunk in chunks]))
 
     def _solve(
         self, inputs: list[DitWindow], num_steps: int, sway_coefficient: float | None
