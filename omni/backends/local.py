@@ -11,7 +11,7 @@ One thread ("omni-stages") builds every stage's engine. Then, by `runtime.stage_
 A GPU stage on its own thread also launches on a CUDA stream of its own (`runtime.stage_streams`,
 null: unless a stage keeps its output cache on the GPU): on one shared stream a talker step
 queued behind the vocoder's DiT replays (measured on an H200: 3.8 -> 6.8 ms per code). What
-crosses between stages is then host tensors only (pinned output caches, read after their copies'
+crosses between stages is then host tensors only (host output caches, read after their copies'
 events; waveforms and codes on the host), so no hand-off needs an event.
 
 The CPU stages share one stepping thread, not one each: torch's OpenMP runtime keeps a thread

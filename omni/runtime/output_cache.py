@@ -16,8 +16,8 @@ Devices: the cache lives on `device` and its rows come from forwards on `source_
 - Both the CPU (a CPU stage): one indexed copy per output and step, as always.
 - Both the GPU (a GPU stage with output_cache_device: cuda): the same indexed copy, on the GPU,
   in the forward's stream.
-- A GPU stage with the cache in host memory (output_cache_device: cpu): the cache is pinned host
-  memory. Each step's rows go down in ONE non_blocking device-to-host copy per output, into a
+- A GPU stage with the cache in host memory (output_cache_device: cpu): the cache is plain host
+  memory (never a copy's target, so not page-locked). Each step's rows go down in ONE non_blocking device-to-host copy per output, into a
   pinned staging buffer, on a side CUDA stream that first waits for an event recorded after the
   forward on the main stream; the staged rows are scattered into the cache on the host once the
   copy has landed: at a later write if its event says so (no wait), else at the next read. So
@@ -71,9 +71,15 @@ class OutputCache:
             async_copies = self.device.type == "cpu" and self.source_device.type == "cuda"
         if async_copies and self.device.type != "cpu":
             raise ValueError(f"async_copies writes a host cache, not one on {self.device}")
-        # Page-locked, so that device-to-host copies run asynchronously (needs CUDA).
-        self.pinned = async_copies and torch.cuda.is_available()
-        self._copies = StagedCopies(self.source_device, self.pinned) if async_copies else None
+        # The copies' staging is page-locked, so that they run asynchronously (needs CUDA). The
+        # cache itself is plain host memory: no copy ever lands in it directly (staged rows are
+        # scattered on the host), and pinning it would page-lock gigabytes of rows, each
+        # allocation rounded up to a power of two by torch's pinned allocator (up to twice the
+        # bytes the sizing planned).
+        self.pinned_staging = async_copies and torch.cuda.is_available()
+        self._copies = (
+            StagedCopies(self.source_device, self.pinned_staging) if async_copies else None
+        )
         self.caches: dict[str, torch.Tensor] = {}  # name -> (num_blocks, block_size, D)
         self._flat: dict[str, torch.Tensor] = {}  # name -> (num_blocks * block_size, D) view
         self.valid_version: dict[str, np.ndarray] = {}
@@ -92,9 +98,7 @@ class OutputCache:
         self, name: str, feature_shape: tuple[int, ...], dtype: torch.dtype | None = None
     ) -> None:
         shape = (self.num_blocks, self.block_size, *feature_shape)
-        cache = torch.zeros(
-            shape, dtype=dtype or self.dtype, device=self.device, pin_memory=self.pinned
-        )
+        cache = torch.zeros(shape, dtype=dtype or self.dtype, device=self.device)
         self.caches[name] = cache
         self._flat[name] = cache.view(self.num_blocks * self.block_size, *feature_shape)
         self.valid_version[name] = np.full(self.num_blocks, -1, dtype=np.int64)
@@ -105,7 +109,7 @@ class OutputCache:
             tuple(shape),
             cache.dtype,
             self.device,
-            " (pinned)" if self.pinned else "",
+            " (pinned staging)" if self.pinned_staging else "",
             self.num_bytes_of(name),
         )
 
