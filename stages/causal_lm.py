@@ -30,6 +30,8 @@ def load_kwargs(device: torch.device) -> dict[str, Any]:
 
 
 class CausalLMAdapter(StageModelBase):
+    decode_ids_on_device = True  # decode_prepare reads positions only
+
     def __init__(
         self,
         model_dir: str,

@@ -55,12 +55,17 @@ class EngineConfig:
     output caches, activations); null means 0.9 of the stage's GPU fraction (resources.num_gpus,
     planned when null), 0.9 for a whole GPU. Shares on one GPU may sum to at most 0.95."""
     output_cache_device: str = "cpu"
-    """Where a GPU stage keeps its stage-output cache: cpu (pinned host memory, written by
-    asynchronous copies) or cuda (GPU memory)."""
+    """Where a GPU stage keeps its stage-output cache: cpu (host memory, written by asynchronous
+    copies through pinned staging) or cuda (GPU memory)."""
     cuda_graphs: bool | None = None
     """Replay decode steps (and short sampled suffixes; token2wav: streamed chunks' DiT) as CUDA
     graphs, padded to fixed shapes; null means on for GPU stages whose model allows it,
     false runs every step eagerly (debugging); true on the CPU runs the same padded steps eagerly."""
+    async_scheduling: bool = False
+    """Launch the next decode step before this one's sampled ids are read, feeding them on the
+    device, so the host's work overlaps the GPU's (needs CUDA-graph steps and an adapter whose
+    decode steps take device ids: plain decoders; docs/gpu.md). On the CPU it runs the same
+    bookkeeping with nothing to overlap (the tests' path)."""
     fused_kernels: bool | None = None
     """Fused Triton kernels in the decoder layers (RMSNorm + residual add, q/k/v and gate/up as
     one GEMM each, rotary, SiLU*mul) on a GPU stage; null: on for CUDA stages."""
@@ -95,6 +100,13 @@ class EngineConfig:
         choices = OUTPUT_CACHE_DEVICES
         require(self.output_cache_device in choices, self, "output_cache_device", one_of(choices))
         require(self.seed >= 0, self, "seed", "an integer >= 0")
+        ok = not (self.async_scheduling and self.cuda_graphs is False)
+        require(
+            ok,
+            self,
+            "async_scheduling",
+            "false when cuda_graphs is false (it launches padded steps)",
+        )
         require(self.num_threads is None or self.num_threads >= 1, self, "num_threads", ">= 1")
         # Cached outputs are found only through prefix hits: without APC they would never be read.
         ok = not (self.cache_outputs and not self.enable_prefix_caching)

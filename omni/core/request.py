@@ -70,6 +70,9 @@ class Request:
         self.output_codes: list[tuple[int, ...]] = []
         self._all_token_ids = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        # Trailing output tokens that are placeholders for ids still on the device (a step in
+        # flight: omni/core/provisional.py); never hashed, replaced in step order.
+        self.num_provisional = 0
         self.num_cached_tokens = -1  # prefix-cache hit tokens at first scheduling; -1 = not yet
         self.status = RequestStatus.WAITING
         self.num_preemptions = 0
@@ -123,6 +126,17 @@ class Request:
             return
         self.output_token_ids.extend(token_ids)
         self._all_token_ids.extend(token_ids)
+
+    def set_output_token(self, index: int, token_id: int) -> None:
+        """The real id of output token `index` (a provisional one until now)."""
+        self.output_token_ids[index] = token_id
+        self._all_token_ids[len(self.prompt_token_ids) + index] = token_id
+
+    def truncate_outputs(self, num_output_tokens: int) -> None:
+        """Keep the first num_output_tokens outputs (those after a stop were provisional)."""
+        del self.output_token_ids[num_output_tokens:]
+        del self._all_token_ids[len(self.prompt_token_ids) + num_output_tokens :]
+        self.num_provisional = 0
 
     def __repr__(self) -> str:
         return (

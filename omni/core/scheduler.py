@@ -248,7 +248,7 @@ class Scheduler:
                 request.output_codes.append(codes)
             if appended is not None:
                 appended.append(request)
-            status = self._stop_status(request, token_id)
+            status = self.stop_status(request, token_id)
             if status is not None:
                 request.status = status
                 finished.append(request)
@@ -257,14 +257,19 @@ class Scheduler:
             self.running[:] = [r for r in self.running if id(r) not in done]
         return finished
 
-    def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
+    def stop_status(
+        self, request: Request, token_id: int, num_output: int | None = None
+    ) -> RequestStatus | None:
+        """Whether output token number num_output (default: the last one), token_id, ends it."""
         params = request.sampling_params
         if token_id == request.eos_token_id and not params.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
         if params.stop_token_ids and token_id in params.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if len(request.output_token_ids) >= params.max_tokens:
+        if num_output is None:
+            num_output = len(request.output_token_ids)
+        if num_output >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH
-        if len(request.all_token_ids) >= self.config.max_model_len:
+        if request.num_prompt_tokens + num_output >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None

@@ -25,7 +25,9 @@ from omni.engine.engine import run_until_done
 from omni.engine.gpu_profile import allocated_bytes
 from omni.engine.graph_plan import fuse_kernels, padded_decode
 from omni.engine.output_rows import OutputRows
+from omni.engine.request_checks import check_request
 from omni.engine.stage_memory import StageMemory
+from omni.engine.step_pipeline import StepPipeline
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
 from omni.registry import get_adapter, get_adapter_spec
 from omni.runtime.model_runner import ModelRunner
@@ -113,6 +115,7 @@ class StageEngine:
         self.runner.warm_up()  # outputs it discovers belong to step 0, before any request
         # After warm-up, so that the graphs return every output.
         self.runner.capture_decode_graphs(required=engine.cuda_graphs is True)
+        self.pipeline = StepPipeline.for_engine(self) if engine.async_scheduling else None
         self.num_steps = 0
         self.busy_s = 0.0  # time in step(): this stage's share of the pipeline's compute
         if self.output_cache is not None:
@@ -131,7 +134,15 @@ class StageEngine:
             sampling_params=stage_input.sampling_params,
             eos_token_id=self.model.eos_token_id,
         )
-        self._validate(request)
+        check_request(
+            request,
+            stage=self.name,
+            max_model_len=self.max_model_len,
+            vocab_size=self.model.vocab_size,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            known=self.scheduler.requests,
+        )
         try:
             self.model.check_inputs(stage_input)  # adapter hook (StageModelBase: accepts all)
         except ValueError as e:
@@ -155,32 +166,6 @@ class StageEngine:
             raise ValueError(f"request {delta.request_id!r} is not in stage {self.name!r}")
         request.input_limit = self.model.extend_inputs(delta.request_id, delta)
 
-    def _validate(self, request: Request) -> None:
-        request_id = request.request_id
-        if request.num_prompt_tokens > self.max_model_len:
-            raise ValueError(
-                f"request {request_id!r}: prompt of {request.num_prompt_tokens} tokens is longer "
-                f"than max_model_len={self.max_model_len}"
-            )
-        vocab_size, prompt = self.model.vocab_size, request.prompt_token_ids
-        if prompt and max(prompt) >= vocab_size:  # max at C speed: prompts run to 100k tokens
-            bad = next(t for t in prompt if t >= vocab_size)
-            raise ValueError(
-                f"request {request_id!r}: token id {bad} is outside the vocabulary of "
-                f"{self.model.vocab_size} (stage {self.name!r})"
-            )
-        longest = min(
-            self.max_model_len, request.num_prompt_tokens + request.sampling_params.max_tokens
-        )
-        num_blocks_needed = -(-longest // self.block_size)
-        if num_blocks_needed > self.num_blocks:
-            raise ValueError(
-                f"request {request_id!r}: up to {longest} tokens need {num_blocks_needed} blocks, "
-                f"but stage {self.name!r} has num_blocks={self.num_blocks}"
-            )
-        if request_id in self.scheduler.requests:
-            raise ValueError(f"request_id {request_id!r} is already in stage {self.name!r}")
-
     def abort(self, request_ids: list[str]) -> list[StageResult]:
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
         return self._dropped(finished)
@@ -194,6 +179,8 @@ class StageEngine:
     def fail_all(self) -> list[StageResult]:
         """After a step raised: drop every request, and every cached hash, since the failed step
         may have registered blocks whose KV and rows it never wrote."""
+        if self.pipeline is not None:
+            self.pipeline.drop()  # its step's ids are never read: every request fails
         done = [r for r in self.scheduler.requests.values() if r.is_finished]
         for request in done:  # finished in update() before it raised: never reported
             self.scheduler.release(request)
@@ -204,12 +191,16 @@ class StageEngine:
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished
+        return self.scheduler.has_unfinished or self._in_flight
 
     @property
     def has_ready_work(self) -> bool:
         """Whether a step would do anything now (not every request is waiting for input)."""
-        return self.scheduler.has_ready_work
+        return self.scheduler.has_ready_work or self._in_flight
+
+    @property
+    def _in_flight(self) -> bool:
+        return self.pipeline is not None and self.pipeline.in_flight
 
     @property
     def has_urgent_work(self) -> bool:
@@ -223,18 +214,28 @@ class StageEngine:
     # ---- the loop -----------------------------------------------------------------------------
     def step(self) -> EngineOutput:
         start = time.perf_counter()
-        scheduler_output = self.scheduler.schedule()
-        output = self.update(scheduler_output, self.runner.execute(scheduler_output))
+        if self.pipeline is not None:  # a decode step in flight (engine.async_scheduling)
+            output = self.pipeline.step()
+        else:
+            scheduler_output = self.scheduler.schedule()
+            output = self.update(scheduler_output, self.runner.execute(scheduler_output))
         self.busy_s += time.perf_counter() - start
         return output
 
     def update(
         self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
     ) -> EngineOutput:
-        self.num_steps += 1
-        self.rows.after_step(scheduler_output, self.num_steps)
+        self.ran(scheduler_output)
         appended: list[Request] = []  # the requests that got a token, one each
         finished = self.scheduler.update_from_output(scheduler_output, runner_output, appended)
+        return self.emit(appended, finished)
+
+    def ran(self, scheduler_output: SchedulerOutput) -> None:
+        self.num_steps += 1
+        self.rows.after_step(scheduler_output, self.num_steps)
+
+    def emit(self, appended: list[Request], finished: list[Request]) -> EngineOutput:
+        """A step's updates (each appended request's new token) and finished results."""
         name = self.name
         new_rows = self.rows.new_rows if self.rows.any_step_rows else None
         step_rows = [new_rows(r) if new_rows else {} for r in appended]

@@ -5,13 +5,12 @@ positions, slot mapping, sequence lengths, query starts and block tables of fixe
 max_model_len / block_size):
 - decode: n requests each feed one token and sample; they run at the next batch size B >= n of
   the ladder (1, 2, 4, 8, then steps of 8 up to max_num_seqs): shape (B, B).
-- suffix: one request feeds t tokens and samples the last, e.g. the uncached end of a prompt
-  whose prefix hit the cache; it runs at the next size T > t of (16, 32, 64, 128, 256) (up to
-  max_num_batched_tokens), as shape (2, T): the request, then one padding sequence of T - t
-  tokens.
+- suffix: one request feeds t tokens and samples the last (the uncached end of a prompt whose
+  prefix hit the cache); it runs at the next size T > t of (16, 32, 64, 128, 256) (up to
+  max_num_batched_tokens), as shape (2, T): the request, then a padding sequence of T - t.
 On a GPU the adapter's `decode_forward` (the model body, no sampling) was captured once per shape
-at start-up; a step fills the buffers and replays. On the CPU the same padded steps run eagerly
-(`capture` is never called): the test path for everything but the capture itself.
+at start-up; a step fills the buffers and replays. On the CPU the same padded steps run eagerly:
+the test path for everything but the capture itself.
 
 Invariants:
 - Padding tokens write their K/V to scratch slots past the pool's blocks (`num_blocks *
@@ -21,8 +20,8 @@ Invariants:
 - Nothing inside a captured body reads host values that change between replays: positions
   (mrope deltas included) come from the host (the adapter's `decode_prepare`), the decode
   tile table is a static arange, a suffix's is computed on the device from its query starts.
-- The host staging buffers are reused every step: safe because each step ends with the
-  sampler's device-to-host copy, after which the previous upload has landed.
+- The host staging buffers are reused every step, once the last upload out of them has run
+  (an event: with a step in flight, omni/engine/step_pipeline.py, it may still be queued).
 """
 
 from __future__ import annotations
@@ -130,6 +129,7 @@ class DecodeGraphs:
             self._embeds = torch.zeros(shape, dtype=kv_caches[0][0].dtype, device=device)
         self._arange = torch.arange(width, device=device)  # a decode step's query starts
         self._tile_starts = torch.arange(width, dtype=torch.int32, device=device)
+        self._uploaded: Any = None  # CUDA event after the last step's host-to-device copies
         self._graphs: dict[Shape, Any] = {}  # shape -> torch.cuda.CUDAGraph
         self._graph_outputs: dict[Shape, ModelOutputs] = {}
         self.capture_s = 0.0
@@ -160,10 +160,11 @@ class DecodeGraphs:
         block_tables: BlockTables,
         rows: np.ndarray,
         shape: Shape,
+        fed_ids: torch.Tensor | None = None,
     ) -> GraphStep | None:
-        """Run the padded step at shape_for(scheduled) (rows: the scheduled requests' rows in
-        block_tables, in order); None when the adapter wants it eager (its decode_prepare said
-        so)."""
+        """Run the padded step at shape_for(scheduled) (rows: the requests' rows in block_tables,
+        in order); None when the adapter wants it eager (its decode_prepare said so). fed_ids:
+        the token ids on the device (a step scheduled before they were read)."""
         decode = shape[0] == shape[1]
         if decode:
             positions = np.fromiter((e.num_computed_tokens for e in scheduled), np.int64)
@@ -174,6 +175,8 @@ class DecodeGraphs:
         if prepared is None:
             return None
         n = positions.size  # real rows
+        if self._uploaded is not None:  # the last step's copy out of these host buffers
+            self._uploaded.synchronize()  # (queued behind a step still in flight) must be done
         host, tables, bs = self._host_np, self._host_tables_np, self.block_size
         host[:, : shape[1]] = 0
         block_tables.gather(rows, out=tables)  # one indexed copy; padding rows read column 0:
@@ -204,6 +207,10 @@ class DecodeGraphs:
         if self._dev is not self._host:
             self._dev.copy_(self._host, non_blocking=True)
             self._dev_tables[: shape[0]].copy_(self._host_tables[: shape[0]], non_blocking=True)
+            self._uploaded = torch.cuda.Event()
+            self._uploaded.record()
+        if fed_ids is not None:
+            self._dev[IDS, :n].copy_(fed_ids)
         graph = self._graphs.get(shape)
         if graph is not None:
             graph.replay()

@@ -5,12 +5,11 @@ Only the uncached tokens are fed, as a single row (batch 1) with explicit positi
 blocks through its block table. Logits are computed only at the rows where a token is sampled.
 Every fed token's per-token outputs are written to the stage-output cache at the token's KV slot.
 
-Devices: the KV cache, the step's inputs (token ids, positions) and its attention metadata
-(slot_mapping, query_start_loc, seq_lens, block_tables) live on the runner's device. They are
-packed on the host with numpy and, on a GPU, go over in ONE non_blocking copy from pinned
-memory (omni/runtime/host_upload.py); the sampler returns the chosen ids as Python ints (the
-step's device-to-host sync). Per-request extras stay as the stage received them (CPU tensors):
-the adapter moves what it uses to its device.
+Devices: the KV cache, the step's inputs and its attention metadata live on the runner's
+device, packed on the host with numpy and sent in ONE non_blocking copy from pinned memory
+(omni/runtime/host_upload.py). `launch` queues a step and `LaunchedStep.result` reads its
+sampled ids (the step's device-to-host sync); `execute` is both. Per-request extras stay as the
+stage received them (CPU tensors): the adapter moves what it uses to its device.
 """
 
 from __future__ import annotations
@@ -34,6 +33,8 @@ from omni.runtime.decode_graphs import (
     max_suffix_tokens,
     num_scratch_blocks,
 )
+from omni.runtime.host_upload import upload
+from omni.runtime.launched_step import FedIds, LaunchedStep
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.sampler import Sampler
 from omni.runtime.stage_model import StageModel
@@ -49,8 +50,7 @@ class _RequestState:
 
 @dataclass
 class _Tracked:
-    """A step's requests after their new blocks went into their tables: the tables' rows and
-    the sampling parameters, in scheduling order."""
+    """A step's requests' block-table rows and sampling parameters, in scheduling order."""
 
     rows: np.ndarray
     params: list[SamplingParams]
@@ -169,10 +169,7 @@ class ModelRunner:
     def step_stats(self) -> dict[str, Any]:
         """Steps run eagerly, and what the padded (CUDA-graph) steps did."""
         graphs = self.decode_graphs
-        return {
-            "eager_steps": self.num_eager_steps,
-            **(graphs.stats() if graphs is not None else {}),
-        }
+        return {"eager_steps": self.num_eager_steps, **(graphs.stats() if graphs else {})}
 
     @torch.inference_mode()
     def capture_decode_graphs(self, *, required: bool = False) -> None:
@@ -189,15 +186,22 @@ class ModelRunner:
             logger.warning("CUDA-graph capture failed, decode steps stay eager: %s", e)
             self.decode_graphs = None
 
-    @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        return self.launch(scheduler_output).result()
+
+    @torch.inference_mode()
+    def launch(self, scheduler_output: SchedulerOutput, fed: FedIds | None = None) -> LaunchedStep:
+        """Queue the step's forward, logits and sampling on the device. fed: a padded decode
+        step's ids, still on the device (scheduled before they were read)."""
         for request_id in scheduler_output.preempted_request_ids:
             self._forget(request_id)  # block table gone; inputs stay
         if scheduler_output.is_empty:
-            return RunnerOutput(sampled_token_ids={})
+            return LaunchedStep([])
         scheduled = scheduler_output.scheduled
         tracked = self._track(scheduled)
-        padded = self._run_padded(scheduled, tracked)
+        padded = self._run_padded(scheduled, tracked, fed)
+        if padded is None and fed is not None:
+            raise RuntimeError("a step fed ids on the device must run padded (a decode batch)")
         if padded is not None:  # every scheduled request samples, in order
             outputs, hidden = padded.outputs, padded.sample_hidden
             host_slots, device_slots = padded.host_slots, padded.device_slots
@@ -218,7 +222,7 @@ class ModelRunner:
             self.output_cache.discover(per_token, host_slots.numel())
             self.output_cache.write(host_slots, per_token, device_slot_mapping=device_slots)
         if not sampled:
-            return RunnerOutput(sampled_token_ids={})
+            return LaunchedStep([])
         logits = self.model.compute_logits(hidden)
         return self._sample(logits, hidden, sampled, params)
 
@@ -228,25 +232,18 @@ class ModelRunner:
         hidden: torch.Tensor,
         sampled: list[ScheduledRequest],
         params: list[SamplingParams],
-    ) -> RunnerOutput:
-        """The sampling rows' tokens (and a multi-code step's residual codes), with the step's
-        one device-to-host copy."""
+    ) -> LaunchedStep:
+        """The sampling rows' tokens (and a multi-code step's residual codes), on the device."""
         all_greedy = self._num_random == 0
         counts = [] if all_greedy else [e.num_output_tokens for e in sampled]
         sample_ids = [e.request_id for e in sampled]
         ids = self.sampler.sample(logits, params, counts, all_greedy=all_greedy)
         codes = self.model.sample_codes(hidden, ids, sample_ids, params, counts)
-        if codes is None:
-            token_ids = ids.tolist()  # the step's one device-to-host copy
-            return RunnerOutput(sampled_token_ids=dict(zip(sample_ids, token_ids, strict=True)))
-        # A multi-code step: the token and its residual codes come back in one copy.
-        frames = torch.cat([ids.unsqueeze(1), codes], dim=1).tolist()
-        return RunnerOutput(
-            sampled_token_ids={r: f[0] for r, f in zip(sample_ids, frames, strict=True)},
-            sampled_codes={r: tuple(f[1:]) for r, f in zip(sample_ids, frames, strict=True)},
-        )
+        return LaunchedStep(sample_ids, ids, codes)
 
-    def _run_padded(self, scheduled: list[ScheduledRequest], tracked: _Tracked) -> GraphStep | None:
+    def _run_padded(
+        self, scheduled: list[ScheduledRequest], tracked: _Tracked, fed: FedIds | None
+    ) -> GraphStep | None:
         graphs = self.decode_graphs
         shape = graphs.shape_for(scheduled) if graphs is not None else None
         if graphs is None or shape is None:
@@ -254,7 +251,11 @@ class ModelRunner:
         if self.output_cache is not None:
             # A replay overwrites the graph's outputs, which the last step's copies may still read.
             self.output_cache.wait_copies_on_device()
-        return graphs.run(scheduled, self.block_tables, tracked.rows, shape)
+        fed_ids = None
+        if fed is not None:
+            (rows,) = upload([fed.rows], self.device)
+            fed_ids = fed.ids.index_select(0, rows)
+        return graphs.run(scheduled, self.block_tables, tracked.rows, shape, fed_ids)
 
     def _track(self, scheduled: list[ScheduledRequest]) -> _Tracked:
         """Take the step's new blocks into each request's table (in the host array, where they

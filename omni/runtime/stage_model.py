@@ -74,6 +74,9 @@ class StageModelBase:
     """Width of the per-row inputs decode_forward takes besides ids (0: none)."""
     decode_suffixes = True
     """Whether decode_prepare may take one request's multi-token suffix (else decode only)."""
+    decode_ids_on_device = False
+    """Whether a decode step may feed ids that are still on the device (decode_prepare reads
+    no fed id and no sampled code on the host): engine.async_scheduling may launch it ahead."""
 
     def decode_graph_blocker(self) -> str | None:
         """Why this model's decode steps cannot be padded and captured as CUDA graphs (None: they
@@ -192,6 +195,9 @@ class StageModel(Protocol):
 
     @property
     def decode_suffixes(self) -> bool: ...
+
+    @property
+    def decode_ids_on_device(self) -> bool: ...
 
     def decode_graph_blocker(self) -> str | None: ...
 
