@@ -1,10 +1,10 @@
 """StageEngine: one stage's model with its scheduler, KV cache, output cache and runner.
 
-`step()` is schedule -> execute -> update. Requests go in as StageInput; a step reports every
-request it advanced (StageUpdate: the new tokens) and every request it finished (StageResult,
-with the per-token output tensors gathered from the output cache). Device and dtype:
-omni/engine/device.py; the KV pool's size and the output cache's place, decided once at
-construction: omni/engine/stage_memory.py; the output rows' bookkeeping: output_rows.py.
+`step()` is schedule -> execute -> update (with engine.async_scheduling, one decode step ahead:
+step_pipeline.py). A step reports every request it advanced (StageUpdate: the new tokens) and
+every request it finished (StageResult, with the per-token outputs from the output cache).
+Device and dtype: device.py; the KV pool's size and the output cache's place, decided once at
+construction: stage_memory.py; the output rows' bookkeeping: output_rows.py.
 """
 
 from __future__ import annotations
@@ -191,16 +191,12 @@ class StageEngine:
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished or self._in_flight
+        return self.scheduler.has_unfinished or bool(self.pipeline and self.pipeline.in_flight)
 
     @property
     def has_ready_work(self) -> bool:
         """Whether a step would do anything now (not every request is waiting for input)."""
-        return self.scheduler.has_ready_work or self._in_flight
-
-    @property
-    def _in_flight(self) -> bool:
-        return self.pipeline is not None and self.pipeline.in_flight
+        return self.scheduler.has_ready_work or bool(self.pipeline and self.pipeline.in_flight)
 
     @property
     def has_urgent_work(self) -> bool:
@@ -297,4 +293,5 @@ class StageEngine:
             **device_stats(self.device, self.dtype, self.runner.kv_cache_bytes, self.output_cache),
             **self.runner.step_stats(),
             "fused_modules": self.num_fused_modules,
+            "steps_launched_ahead": self.pipeline.num_launched_ahead if self.pipeline else 0,
         }

@@ -1,0 +1,109 @@
+"""engine.async_scheduling on the CPU: decode steps launched one ahead of reading their ids (the
+padded steps run eagerly here, the same bookkeeping as on a GPU, with nothing to overlap). Greedy
+tokens equal transformers' generate, and seeded samples equal the synchronous engine's, through
+stops on a token in flight, aborts while a step is in flight, preemption and prefix caching."""
+
+import pytest
+from helpers import make_engine, run_engine, shared_prefix_prompts, transformers_greedy
+
+from omni.config.validate import ConfigError
+from omni.core.sampling_params import SamplingParams
+from omni.messages import StageInput
+
+pytestmark = pytest.mark.slow
+MAX_NEW = 16
+GREEDY = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
+ASYNC = {"block_size": 4, "cuda_graphs": True, "async_scheduling": True, "max_num_seqs": 6}
+
+
+@pytest.fixture(scope="module")
+def case(qwen2_dir):
+    from transformers import AutoConfig
+
+    prompts = shared_prefix_prompts(AutoConfig.from_pretrained(qwen2_dir).vocab_size)
+    return qwen2_dir, prompts, transformers_greedy(qwen2_dir, prompts, MAX_NEW)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"num_blocks": 48, "max_model_len": 192}, {"enable_prefix_caching": False}],
+    ids=["pool", "tiny-pool", "no-caching"],
+)
+def test_tokens_equal_transformers(case, extra):
+    model_dir, prompts, expected = case
+    engine = make_engine(model_dir, **ASYNC, **extra)
+    for round_ in ("a", "b"):  # the second round hits the blocks the first one cached
+        results = run_engine(engine, prompts, GREEDY, prefix=round_)
+        for index, (result, want) in enumerate(zip(results, expected, strict=True)):
+            assert result.token_ids == want, f"{round_}{index}"
+            assert result.finish_reason == "length"
+    stats = engine.stats()
+    # Not while requests wait for a place (max_num_seqs 6 of 13): the next step admits them.
+    assert stats["steps_launched_ahead"] > 0, stats
+    if "num_blocks" in extra:
+        assert stats["preemptions"] > 0, stats
+    if extra.get("enable_prefix_caching", True):
+        assert stats["kv_hit_tokens"] > 0, stats
+
+
+def test_a_stop_token_in_flight_ends_the_request_there(case):
+    """Each request stops on its 5th greedy token (as a stop token), which the engine learns
+    only after the step that feeds it was launched: the output ends there all the same."""
+    model_dir, prompts, expected = case
+    engine = make_engine(model_dir, **ASYNC)
+    for index, (prompt, want) in enumerate(zip(prompts, expected, strict=True)):
+        params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, stop_token_ids=[want[4]])
+        engine.add_request(StageInput(f"s{index}", prompt, params))
+    results = {r.request_id: r for r in engine.run_until_done()}
+    for index, want in enumerate(expected):
+        result = results[f"s{index}"]
+        cut = want.index(want[4]) + 1  # its first occurrence
+        assert result.token_ids == want[:cut], index
+        assert result.finish_reason == "stopped"
+    assert engine.stats()["steps_launched_ahead"] > 0
+    assert engine.kv.num_free_blocks == engine.num_blocks  # every block came back
+    # The pool's cached blocks hold only real tokens: a second round hits and agrees.
+    again = run_engine(engine, prompts, GREEDY, prefix="again")
+    assert [r.token_ids for r in again] == expected
+
+
+def test_abort_while_a_step_is_in_flight(case):
+    model_dir, prompts, expected = case
+    engine = make_engine(model_dir, **ASYNC)
+    for index, prompt in enumerate(prompts[:6]):
+        engine.add_request(StageInput(f"r{index}", prompt, GREEDY))
+    done = {}
+    for _ in range(4):
+        out = engine.step()
+        done.update({r.request_id: r for r in out.finished})
+    assert engine.pipeline is not None and engine.pipeline.in_flight
+    (aborted,) = engine.abort(["r2"])
+    assert aborted.finish_reason == "aborted"
+    while engine.has_unfinished:
+        done.update({r.request_id: r for r in engine.step().finished})
+    assert sorted(done) == ["r0", "r1", "r3", "r4", "r5"]
+    for index in (0, 1, 3, 4, 5):
+        assert done[f"r{index}"].token_ids == expected[index]
+    assert engine.kv.num_free_blocks == engine.num_blocks
+
+
+def test_seeded_samples_equal_the_synchronous_engine(qwen2_dir, case):
+    _, prompts, _ = case
+    params = [
+        SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, temperature=1.0, top_k=20, seed=i)
+        for i in range(len(prompts))
+    ]
+    got = {}
+    for mode in (False, True):
+        engine = make_engine(qwen2_dir, **{**ASYNC, "async_scheduling": mode})
+        for index, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            engine.add_request(StageInput(f"q{index}", prompt, p))
+        got[mode] = {r.request_id: r.token_ids for r in engine.run_until_done()}
+    assert got[True] == got[False]
+
+
+def test_config_errors(qwen2_dir):
+    with pytest.raises(ConfigError, match="async_scheduling"):
+        make_engine(qwen2_dir, async_scheduling=True, cuda_graphs=False)
+    with pytest.raises(ConfigError, match="no padded decode steps"):
+        make_engine(qwen2_dir, async_scheduling=True)  # CPU: cuda_graphs null means eager
