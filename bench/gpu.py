@@ -22,8 +22,10 @@ Prints the device, then (each part optional, see --skip):
 4. steps: the same decoder, --decode-batch requests decoding together; the live StageEngine's
    `scheduler.schedule`, `runner.execute`, `update` and `step` (and its host's `run_once`) are
    wrapped with timers: the CPU time of schedule + update per decode step as a share of the step.
-5. decode: the same decoder, omni's decode step at each --decode-batch B with CUDA graphs on and
-   off (`engine.cuda_graphs` true / false; on the CPU true is the padded eager path): StageEngine
+5. decode: the same decoder, omni's decode step at each --decode-batch B with CUDA graphs on,
+   on with `engine.async_scheduling` (each step launched before the previous one's ids are
+   read; --skip ahead leaves it out), and off (`engine.cuda_graphs` true / false; on the CPU
+   true is the padded eager path): StageEngine
    step wall time over the steps where all B requests decode, tokens/s, start-up (the AsyncOmni
    constructor, capture included) and the stage's cuda_graph_capture_s / cuda_graph_bytes;
    against transformers' `generate` on the same weights and prompts, batched: dynamic cache and
@@ -224,8 +226,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--skip",
         action="append",
         default=[],
-        choices=["hf", "omni", "prefix", "steps", "decode", "hf-dynamic", "hf-static"],
-        help="leave a part out (repeatable); hf-dynamic / hf-static: a baseline of the decode part",
+        choices=["hf", "omni", "prefix", "steps", "decode", "hf-dynamic", "hf-static", "ahead"],
+        help="leave a part out (repeatable); hf-dynamic / hf-static: a baseline of the decode "
+        "part; ahead: its pass with engine.async_scheduling",
     )
     args = p.parse_args(argv)
     args.fam = fam = FAMILIES[args.family]

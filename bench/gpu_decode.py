@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from gpu_decode_modes import Mode, mode_label
 from gpu_decoder import decode_batch, decode_overrides, timed_levels
 from gpu_timing import StepRecord, StepTimer, release, sync
 from gpu_workload import random_ids
@@ -122,10 +123,12 @@ class ProfileWindow:
 
 # ---- omni ----------------------------------------------------------------------------------------
 async def omni_pass(
-    model_dir: str, tokenizer: Any, args: argparse.Namespace, graphs: bool
+    model_dir: str, tokenizer: Any, args: argparse.Namespace, mode: Mode
 ) -> dict[str, Any]:
+    """mode: True graphs on, False off, "ahead" graphs on with engine.async_scheduling."""
     overrides = decode_overrides(args)
-    overrides["stages.llm.engine.cuda_graphs"] = graphs
+    overrides["stages.llm.engine.cuda_graphs"] = mode is not False
+    overrides["stages.llm.engine.async_scheduling"] = mode == "ahead"
     sync(args.device)
     t0 = time.perf_counter()
     async with AsyncOmni(model=model_dir, **overrides) as engine:
@@ -265,12 +268,14 @@ def decode_section(model_dir: str, tokenizer: Any, args: argparse.Namespace) -> 
         finally:
             release(args.device)
 
-    for graphs in (True, False):  # graphs first: its start-up is not flattered by warm caches
-        label = f"omni graphs {'on' if graphs else 'off'}"
-        out["omni"][graphs] = attempt(
-            label, lambda g=graphs: asyncio.run(omni_pass(model_dir, tokenizer, args, g))
+    # Graphs first: its start-up is not flattered by warm caches.
+    modes: tuple[Mode, ...] = (True, "ahead", False) if "ahead" not in args.skip else (True, False)
+    for mode in modes:
+        label = f"omni {mode_label(mode)}"
+        out["omni"][mode] = attempt(
+            label, lambda m=mode: asyncio.run(omni_pass(model_dir, tokenizer, args, m))
         )
-        if out["omni"][graphs] is not None:
+        if out["omni"][mode] is not None:
             print(f"  {label}: done", flush=True)
     for cache, skip in ((None, "hf-dynamic"), ("static", "hf-static")):
         if skip not in args.skip:

@@ -64,32 +64,41 @@ def thread_cpu_s() -> dict[str, float]:
 
 
 def install(engine: Any, device_s: float) -> tuple[StandIn, list[float]]:
-    """The stand-ins, the simulated device time, and a timer of StageEngine.step."""
+    """The stand-ins, the simulated device, and a timer of StageEngine.step. The device is a
+    queue: a launched step runs device_s once the one before it is done, and reading its ids
+    (LaunchedStep.result) sleeps until then, as a CUDA sync does (the GIL is free meanwhile)."""
     stand_in = StandIn(engine.model.hidden_size)
     engine.model.decode_forward = stand_in
     engine.model.compute_logits = stand_in.compute_logits
     install_stand_in_graphs(engine, stand_in)
     runner = engine.runner
-    sample = runner._sample
+    launch = runner.launch
+    device_free = [0.0]  # when the simulated device finishes what was queued so far
 
-    def sample_after_device(*args: Any) -> Any:
-        remaining = stand_in.entered + device_s - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)  # the GPU's kernels: the host waits, the GIL is free
-        return sample(*args)
+    def queued(*args: Any) -> Any:
+        launched = launch(*args)
+        done = device_free[0] = max(time.perf_counter(), device_free[0]) + device_s
+        result = launched.result
 
-    runner._sample = sample_after_device
-    walls: list[float] = []
+        def after_device() -> Any:
+            remaining = done - time.perf_counter()
+            if remaining > 0:
+                time.sleep(remaining)
+            return result()
+
+        launched.result = after_device
+        return launched
+
+    runner.launch = queued
+    starts: list[float] = []  # when each StageEngine.step call began: the step period
     step = engine.step
 
     def timed_step() -> Any:
-        start = time.perf_counter()
-        out = step()
-        walls.append(time.perf_counter() - start)
-        return out
+        starts.append(time.perf_counter())
+        return step()
 
     engine.step = timed_step
-    return stand_in, walls
+    return stand_in, starts
 
 
 async def level(omni: AsyncOmni, engine: Any, walls: list[float], batch: int, tokens: int) -> dict:
@@ -107,16 +116,18 @@ async def level(omni: AsyncOmni, engine: Any, walls: list[float], batch: int, to
     await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - start
     after, num_steps = thread_cpu_s(), engine.num_steps - steps_before
-    decode = sorted(walls[2:-2])  # the prefill and the ragged end left out
+    periods = [b - a for a, b in zip(walls, walls[1:], strict=False)]
+    decode = sorted(periods[2:-2])  # the prefill and the ragged end left out
     cpu = {name: (after[name] - before.get(name, 0.0)) / num_steps for name in after}
     return {"step": statistics.median(decode), "wall": wall, "steps": num_steps, "cpu": cpu}
 
 
-async def run(args: argparse.Namespace, interval: float | None) -> list[dict]:
+async def run(args: argparse.Namespace, interval: float | None, ahead: bool) -> list[dict]:
     overrides = {
         "runtime": {"backend": "local", "stage_threads": "per_stage"},
         "stages.llm.engine.device": "cpu",
         "stages.llm.engine.cuda_graphs": True,
+        "stages.llm.engine.async_scheduling": ahead,
         "stages.llm.engine.max_num_seqs": max(args.batch),
         "stages.llm.engine.block_size": 16,
     }
@@ -138,7 +149,8 @@ def main() -> None:
     parser.add_argument("--batch", default="16,64")
     parser.add_argument("--device-ms", type=float, default=1.1, help="simulated kernels per step")
     parser.add_argument("--tokens", type=int, default=200, help="tokens per request")
-    parser.add_argument("--switch-interval", default="default,0.0005")
+    parser.add_argument("--switch-interval", default="default")
+    parser.add_argument("--modes", default="sync,ahead", help="engine.async_scheduling off/on")
     parser.add_argument("--model", help="a causal LM checkpoint (default: the tiny qwen2)")
     args = parser.parse_args()
     args.batch = [int(b) for b in args.batch.split(",")]
@@ -148,21 +160,26 @@ def main() -> None:
         f"simulated device time {args.device_ms} ms per step; stand-in model body; local "
         f"backend, the stage on its own thread; {os.cpu_count()} CPUs\n"
     )
-    print("| switch interval | B | step p50 ms | busy (device / step) | thread CPU us/step |")
-    print("|---|---|---|---|---|")
-    for value in args.switch_interval.split(","):
-        interval = None if value == "default" else float(value)
-        label = (
-            f"{sys.getswitchinterval() * 1e3:g} ms (default)"
-            if interval is None
-            else (f"{interval * 1e3:g} ms")
-        )
-        for batch, r in zip(args.batch, asyncio.run(run(args, interval)), strict=True):
-            busy = args.device_ms / (r["step"] * 1e3)
-            threads = ", ".join(
-                f"{name} {v * 1e6:.0f}" for name, v in sorted(r["cpu"].items()) if v * 1e6 >= 5
+    print(
+        "| steps | switch interval | B | step p50 ms | busy (device / step) | thread CPU us/step |"
+    )
+    print("|---|---|---|---|---|---|")
+    for mode in args.modes.split(","):
+        for value in args.switch_interval.split(","):
+            interval = None if value == "default" else float(value)
+            label = (
+                f"{sys.getswitchinterval() * 1e3:g} ms (default)"
+                if interval is None
+                else (f"{interval * 1e3:g} ms")
             )
-            print(f"| {label} | {batch} | {r['step'] * 1e3:.2f} | {busy:.0%} | {threads} |")
+            levels = asyncio.run(run(args, interval, mode == "ahead"))
+            for batch, r in zip(args.batch, levels, strict=True):
+                busy = args.device_ms / (r["step"] * 1e3)
+                threads = ", ".join(
+                    f"{name} {v * 1e6:.0f}" for name, v in sorted(r["cpu"].items()) if v * 1e6 >= 5
+                )
+                step_ms = r["step"] * 1e3
+                print(f"| {mode} | {label} | {batch} | {step_ms:.2f} | {busy:.0%} | {threads} |")
 
 
 if __name__ == "__main__":
