@@ -10,16 +10,18 @@ out, so the driver's and the event loop's per-step Python work lands inside the 
 
 This bench runs the real pipeline (AsyncOmni, local backend, the tiny qwen2 checkpoint as a
 plain decoder stage on a thread of its own, as a GPU stage gets, CUDA-graph path padded) with
-bench/host_step.py's stand-ins for the model body, its graphs and logits, plus one more: the
-step's sync (`ModelRunner._sample`) first sleeps until --device-ms after the replay, the way
-the GPU's kernels hold the `.tolist()` of a real step (a sleep releases the GIL as a CUDA wait
-does). B requests decode together; it reports the StageEngine.step wall time (p50 over steps
-where all B decode), the GPU busy share it implies (device ms / step), and each thread's CPU
-time per step, for each --switch-interval (sys.setswitchinterval, seconds; 'default' keeps
-Python's). Nothing is asserted; on a shared 2-core machine the figures are indicative.
+bench/host_step.py's stand-ins for the model body, its graphs and logits, and a simulated
+device: a queue where each launched step takes --device-ms once the one before it is done, and
+reading a step's ids (`LaunchedStep.result`, the real step's `.tolist()`) sleeps until it is
+(a sleep releases the GIL as a CUDA wait does). B requests decode together, with each
+`engine.async_scheduling` mode (--modes: sync, ahead) and each --switch-interval
+(sys.setswitchinterval, seconds; 'default' keeps Python's). It reports the step period (p50 of
+the time between StageEngine.step calls, over the steps where all B decode), the device busy
+share it implies (device ms / period), and each thread's CPU time per step. Nothing is
+asserted; on a shared 2-core machine the figures are indicative.
 
     python bench/host_overlap.py [--batch 16,64] [--device-ms 1.1] [--tokens 200]
-        [--switch-interval default,0.0005]
+        [--modes sync,ahead] [--switch-interval default,0.0005]
 """
 
 from __future__ import annotations

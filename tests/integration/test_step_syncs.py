@@ -21,6 +21,7 @@ from omni.config import load_config
 from omni.core.sampling_params import SamplingParams
 from omni.engine import StageEngine
 from omni.messages import StageInput
+from omni.runtime.launched_step import LaunchedStep
 from omni.runtime.model_runner import ModelRunner
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.sampler import Sampler
@@ -29,7 +30,8 @@ from tests.sync_counter import SyncCounter
 
 COMPONENTS = {
     # The step's one copy of the chosen ids (and a multi-code step's codes) is the runner's.
-    "sampler": [Sampler.__call__, Sampler.sample, ModelRunner._sample],
+    # The sampler, and the read of its ids (the step's one sync).
+    "sampler": [Sampler.__call__, Sampler.sample, ModelRunner._sample, LaunchedStep.result],
     "talker": [OmniTalkerAdapter.forward, OmniTalkerAdapter.compute_logits],
     "output cache": [OutputCache.write, OutputCache.discover],
 }
