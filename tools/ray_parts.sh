@@ -8,7 +8,7 @@
 #   tools/ray_parts.sh          # here, with network, after ../shared/tools/device-wheels.sh
 #   call 1: carry [".whl", ".rayp1"]  <prefix> bash tools/gpu_run.sh cuda+suite
 #   call 2: carry [".whl", ".rayp2"]  <prefix> bash tools/gpu_run.sh omni
-#   call 3: carry [".whl", ".rayp3"]  <prefix> bash tools/gpu_run.sh ray
+#   call 3: carry [".whl", ".rayp3"]  <prefix> bash tools/gpu_run.sh ray decode
 set -euo pipefail
 top=$(git rev-parse --show-toplevel)
 cd "$top"
