@@ -1,9 +1,9 @@
 """Capturing CUDA graphs, and keeping those captured on first use by shape.
 
 `capture_graph` runs a function twice on a side stream (Triton compiles, cuBLAS and cuDNN pick
-their kernels, lazy allocations happen), then captures it, in `thread_local` mode: other
-stages' threads keep launching meanwhile. Every graph of the project is captured through it
-(decode_graphs.py at start-up; token2wav's chunks). `GraphCache`, for graphs whose shapes
+their kernels, lazy allocations happen), then captures it, in `thread_local` mode (other
+stages' threads keep launching meanwhile), and replays it once. Every graph of the project is
+captured through it (decode_graphs.py at start-up; token2wav's chunks). `GraphCache`, for graphs whose shapes
 depend on what a step batches (token2wav's DiT evaluations and BigVGAN), keeps at most
 `max_graphs` entries, the least recently used dropped, all captured into one memory pool; a
 capture that fails is logged and turns the cache off (the caller runs eagerly from then on),
@@ -38,6 +38,10 @@ def capture_graph(run: Callable[[], Any], device: torch.device, pool: Any) -> tu
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         output = run()
+    # Replayed once here, on the inputs it was captured with: the first launch of a graph also
+    # uploads it to the device (paid now, not by the first request of its shape), and a graph
+    # that cannot replay fails where the caller falls back to eager steps.
+    graph.replay()
     return graph, output
 
 
