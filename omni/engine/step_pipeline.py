@@ -22,6 +22,7 @@ that row is dropped, and its KV lands past the request's end in blocks it then r
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,8 @@ from omni.runtime.launched_step import FedIds, LaunchedStep
 
 if TYPE_CHECKING:
     from omni.engine.stage_engine import StageEngine
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,17 +55,21 @@ class StepPipeline:
         self.num_launched_ahead = 0  # steps launched before the previous one's ids were read
 
     @classmethod
-    def for_engine(cls, engine: StageEngine) -> StepPipeline:
-        """The engine's pipeline; a ConfigError when its adapter or steps cannot run ahead."""
+    def for_engine(cls, engine: StageEngine) -> StepPipeline | None:
+        """The engine's pipeline; a ConfigError when its adapter or steps cannot run ahead;
+        None (synchronous steps, logged) when its CUDA graphs failed to capture."""
         field = f"stages.{engine.name}.engine.async_scheduling"
         if not engine.model.decode_ids_on_device:
             adapter = engine.config.adapter
             raise config_error(field, f"is true, but adapter {adapter!r} reads fed ids on the host")
         if engine.runner.decode_graphs is None:
+            if engine.device.type == "cuda":  # the capture failed and said why
+                logger.warning("stage %r: no CUDA graphs, so steps stay synchronous", engine.name)
+                return None
             raise config_error(
                 field,
-                f"is true, but stage {engine.name!r} has no padded decode steps (on the CPU they "
-                "need cuda_graphs: true; on a GPU a failed capture leaves them out)",
+                f"is true, but stage {engine.name!r} has no padded decode steps (on the CPU "
+                "they need cuda_graphs: true)",
             )
         return cls(engine)
 
