@@ -1,9 +1,14 @@
 """LaunchedStep: a step whose forward, logits and sampling are queued on the device; `result`
-reads its sampled ids (the step's one device-to-host copy, where the host waits for the GPU)."""
+reads its sampled ids (the step's one wait for the device).
+
+On a GPU the ids' copy to the host is queued right behind the sampling, into pinned memory,
+with an event after it: `result` waits for that event, not for the stream's end, so a step
+launched after this one (engine.async_scheduling) runs on while the host reads these ids."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,16 +33,33 @@ class LaunchedStep:
     """[rows] sampled token ids on the runner's device (None: nothing samples)."""
     codes: torch.Tensor | None = None
     """[rows, codes] a multi-code step's residual codes, read in the same copy."""
+    _host: torch.Tensor | None = field(default=None, repr=False)
+    _copied: Any = field(default=None, repr=False)  # CUDA event after the copy to _host
+
+    def __post_init__(self) -> None:
+        if self.ids is None:
+            return
+        frames = self.ids.unsqueeze(1)
+        if self.codes is not None:
+            frames = torch.cat([frames, self.codes], dim=1)
+        if frames.device.type != "cuda":
+            self._host = frames
+            return
+        self._host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
+        self._host.copy_(frames, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
 
     def result(self) -> RunnerOutput:
-        if self.ids is None:
+        if self._host is None:
             return RunnerOutput(sampled_token_ids={})
+        if self._copied is not None:
+            self._copied.synchronize()
+        frames = self._host.tolist()  # the step's ids (and codes) on the host
         request_ids = self.request_ids
         if self.codes is None:
-            token_ids = self.ids.tolist()  # the step's one device-to-host copy
+            token_ids = [f[0] for f in frames]
             return RunnerOutput(sampled_token_ids=dict(zip(request_ids, token_ids, strict=True)))
-        # A multi-code step: the token and its residual codes come back in one copy.
-        frames = torch.cat([self.ids.unsqueeze(1), self.codes], dim=1).tolist()
         return RunnerOutput(
             sampled_token_ids={r: f[0] for r, f in zip(request_ids, frames, strict=True)},
             sampled_codes={r: tuple(f[1:]) for r, f in zip(request_ids, frames, strict=True)},
