@@ -34,6 +34,9 @@ class OutputRows:
         self._admitted_step: dict[str, int] = {}  # running request -> the step that admitted it
         # step_rows requests -> output rows reported so far (StageUpdate.tensors)
         self._rows_sent: dict[str, int] = {}
+        # Output-cache writes of a step launched but not yet read (engine.async_scheduling):
+        # new_rows neither reads their rows nor waits for them.
+        self.writes_in_flight = 0
 
     def usable_hits(self, hit_block_ids: list[int], pending: set[int]) -> int:
         """The scheduler's hit filter: how many leading hit blocks have their rows as well."""
@@ -85,12 +88,14 @@ class OutputRows:
         start = self._rows_sent.get(request.request_id)
         if start is None or self.output_cache is None:
             return {}
-        end = request.num_computed_tokens
+        # Fed by read steps: neither a provisional token nor the token a step launched ahead
+        # feeds after a stop (its request then ends one token earlier).
+        end = min(request.num_computed_tokens - request.num_provisional, request.num_tokens - 1)
         if end <= start:
             return {}
         self._rows_sent[request.request_id] = end
         block_ids = self.kv.get_block_ids(request.request_id)
-        return self.output_cache.rows(block_ids, start, end)
+        return self.output_cache.rows(block_ids, start, end, writes_in_flight=self.writes_in_flight)
 
     def finish(self, request: Request) -> dict[str, torch.Tensor]:
         """A finished request's rows (before its blocks are released), and forget it."""

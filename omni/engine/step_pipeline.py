@@ -91,7 +91,13 @@ class StepPipeline:
         appended: list[Request] = []
         runner_output = current.launched.result()  # waits for this step only
         finished = resolve(engine.scheduler, current.pending, runner_output, appended)
-        return engine.emit(appended, finished)
+        # Streamed rows: those of the step ahead are neither read nor waited for.
+        ahead_writes = self._in_flight is not None and engine.output_cache is not None
+        engine.rows.writes_in_flight = int(ahead_writes)  # a launch writes the cache once
+        try:
+            return engine.emit(appended, finished)
+        finally:
+            engine.rows.writes_in_flight = 0
 
     def _launch(self, scheduler_output: SchedulerOutput, previous: _InFlight | None) -> _InFlight:
         engine, fed = self.engine, None

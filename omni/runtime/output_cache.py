@@ -187,10 +187,11 @@ class OutputCache:
         if self._copies is not None:
             self._copies.wait_on_device()
 
-    def synchronize(self) -> None:
-        """Wait until every row written so far is in the cache (asynchronous copies landed)."""
+    def synchronize(self, keep_last: int = 0) -> None:
+        """Wait until every row written so far is in the cache (asynchronous copies landed), but
+        those of the last keep_last writes (a step still in flight: its rows are not read)."""
         if self._copies is not None:
-            self._copies.wait()
+            self._copies.wait(keep_last)
 
     def mark_complete(self, block_ids: list[int], versions: list[int]) -> None:
         """These blocks' rows are all written for the given pool versions of their content, for
@@ -239,10 +240,12 @@ class OutputCache:
             gathered[name] = rows.view(-1, *cache.shape[2:])[:num_rows].cpu()
         return gathered
 
-    def rows(self, block_ids: list[int], start: int, end: int) -> dict[str, torch.Tensor]:
+    def rows(
+        self, block_ids: list[int], start: int, end: int, *, writes_in_flight: int = 0
+    ) -> dict[str, torch.Tensor]:
         """Rows [start, end) of a request (its block table) for every cached output: a
-        streaming consumer's next rows, written by forwards that have completed."""
-        self.synchronize()
+        streaming consumer's next rows, written by forwards before the last writes_in_flight."""
+        self.synchronize(writes_in_flight)
         positions = np.arange(start, end)
         table = np.asarray(block_ids, dtype=np.int64)
         slots = table[positions // self.block_size] * self.block_size + positions % self.block_size

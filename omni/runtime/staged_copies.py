@@ -53,10 +53,10 @@ class StagedCopies:
             done.record(self.stream)
         self._pending.append((done, index, staged))
 
-    def _scatter(self, wait: bool) -> None:
-        """Move staged rows into the cache, oldest first: all of them (waiting for the last
-        copy) or, without waiting, those whose copies have landed."""
-        while self._pending:
+    def _scatter(self, wait: bool, keep_last: int = 0) -> None:
+        """Move staged rows into the cache, oldest first: all of them but the last keep_last
+        writes (waiting for their copies) or, without waiting, those whose copies have landed."""
+        while len(self._pending) > keep_last:
             done, slots, staged = self._pending[0]
             if done is not None:
                 if wait:
@@ -78,5 +78,6 @@ class StagedCopies:
         if done is not None:  # events complete in stream order: the last covers the others
             torch.cuda.current_stream(self.source_device).wait_event(done)
 
-    def wait(self) -> None:
-        self._scatter(wait=True)
+    def wait(self, keep_last: int = 0) -> None:
+        """Every staged write but the last keep_last (a step still in flight) in the cache."""
+        self._scatter(wait=True, keep_last=keep_last)

@@ -126,6 +126,8 @@ class OmniThinkerAdapter(StageModelBase):
 
     decode_position_rows = 3  # mrope: temporal, height, width
     decode_suffixes = False  # prompts merge encoder outputs and build the mrope table
+    decode_ids_on_device = True  # decode_prepare reads positions only (a decode token's is
+    # past its prompt's mrope table, so it never asks for an eager step there)
 
     def decode_graph_blocker(self) -> str | None:
         return None

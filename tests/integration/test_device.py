@@ -220,6 +220,19 @@ def test_staged_write_is_one_copy_per_output_whatever_the_slots():
     assert torch.equal(got["hidden_states"], want)
 
 
+def test_rows_read_beside_a_step_in_flight_leave_its_write_staged():
+    """engine.async_scheduling streams a step's rows while the next step, launched ahead, has
+    written its own: rows(writes_in_flight=1) scatters (and on a GPU waits for) every write
+    but that last one, which lands at the next read."""
+    cache = OutputCache(16, 4, torch.float32, async_copies=True)
+    cache.allocate("hidden_states", (3,))
+    cache.write(torch.tensor([0, 1]), {"hidden_states": torch.ones(2, 3)})
+    cache.write(torch.tensor([2]), {"hidden_states": torch.full((1, 3), 2.0)})  # step ahead
+    got = cache.rows([0], 0, 3, writes_in_flight=1)["hidden_states"]
+    assert torch.equal(got, torch.tensor([[1.0] * 3, [1.0] * 3, [0.0] * 3]))
+    assert torch.equal(cache.rows([0], 2, 3)["hidden_states"], torch.full((1, 3), 2.0))
+
+
 def test_rows_staged_in_inference_mode_are_read_outside_it():
     """The engine allocates the cache in its warm-up forward and writes it in `execute`, both
     under inference mode, but reads a finished request's rows in `update`, outside it: the

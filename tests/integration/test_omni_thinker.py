@@ -143,8 +143,9 @@ def references(oracle):
         {"enable_prefix_caching": False},
         {"max_num_batched_tokens": 8},
         {"cuda_graphs": True, "max_num_seqs": 5},  # 3 decoding: padded to 4, run eagerly here
+        {"cuda_graphs": True, "max_num_seqs": 5, "async_scheduling": True},
     ],
-    ids=["caching", "no-caching", "chunked", "padded-decode"],
+    ids=["caching", "no-caching", "chunked", "padded-decode", "ahead"],
 )
 def test_tokens_and_tensors_match_transformers(omni_dir, proc, references, engine_kwargs):
     engine = _engine(omni_dir, **engine_kwargs)
@@ -162,6 +163,8 @@ def test_tokens_and_tensors_match_transformers(omni_dir, proc, references, engin
                 assert result.num_cached_tokens > 0, name
     if engine_kwargs.get("cuda_graphs"):  # image and audio requests decode with mrope deltas
         assert engine.stats()["padded_rows"] > 0
+        launched_ahead = engine.stats()["steps_launched_ahead"]
+        assert (launched_ahead > 0) == engine_kwargs.get("async_scheduling", False)
         assert engine.runner.decode_graphs.suffix_sizes == []  # prompts always run eagerly
     engine.step()  # the runner hears of the last finished requests on the next step
     assert engine.model._mrope == {}  # released with the finished requests

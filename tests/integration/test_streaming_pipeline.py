@@ -73,10 +73,14 @@ def _snr_db(signal: torch.Tensor, approx: torch.Tensor) -> float:
     return math.inf if noise == 0 else 10 * math.log10(signal.pow(2).sum().item() / noise)
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["eager", "padded-decode"])
+@pytest.mark.parametrize(
+    "padded", [False, True, "ahead"], ids=["eager", "padded-decode", "thinker-ahead"]
+)
 def test_streaming_speech_matches_transformers(omni_dir, reference, padded):
     """padded-decode: the thinker's and the talker's decode steps take the CUDA-graph path
-    (run eagerly here), the talker's while its thinker rows still stream in."""
+    (run eagerly here), the talker's while its thinker rows still stream in. thinker-ahead: the
+    thinker's decode steps also launched one ahead of their ids (engine.async_scheduling), its
+    streamed rows never those of the step in flight."""
     overrides = {
         "stages.talker.input_processor": "thinker_to_talker_unmasked",
         "stages.token2wav.stream.chunk_size": 20,  # 60 codes: chunks of 10, 20, 20, 10
@@ -84,6 +88,8 @@ def test_streaming_speech_matches_transformers(omni_dir, reference, padded):
     }
     if padded:
         overrides |= {f"stages.{s}.engine.cuda_graphs": True for s in ("thinker", "talker")}
+    if padded == "ahead":
+        overrides["stages.thinker.engine.async_scheduling"] = True
     runtime = {"backend": "local", "return_tensors": "all"}  # the thinker's rows, to compare
     with Omni(model=omni_dir, runtime=runtime, **overrides) as omni:
         spy = RowSpy(omni.backend.hosts["talker"].engine.model)
@@ -99,7 +105,8 @@ def test_streaming_speech_matches_transformers(omni_dir, reference, padded):
         exact = omni.generate([{"prompt": TEXT}], PARAMS, use_tqdm=False)[0]
         stats = omni.stats()
     for stage in ("thinker", "talker"):
-        assert (stats[stage].get("padded_decode_steps", 0) > 0) == padded, stage
+        assert (stats[stage].get("padded_decode_steps", 0) > 0) == bool(padded), stage
+    assert (stats["thinker"]["steps_launched_ahead"] > 0) == (padded == "ahead")
     for round_, snapshots in enumerate(rounds):
         out = snapshots[-1]
         assert out.finished and out.error is None, out.error
