@@ -6,7 +6,8 @@ this one says what the stage was doing in between: whether a request waited in t
 (routed -> added: the input processor and the host's turn), for a step to admit it (added ->
 first step that schedules it), or in one long step (a capture or compile on first use shows up
 as a step far longer than the stage's median). Bench-only wrappers: `engine.step`,
-`engine.add_request` and, for AR stages, `engine.runner.execute` (what a step scheduled).
+`engine.add_request` and, for AR stages, `engine.runner.launch` (what a step scheduled; with
+engine.async_scheduling a call launches the step after the one it returns).
 """
 
 from __future__ import annotations
@@ -76,19 +77,19 @@ class StepTrace:
 
         engine.step, engine.add_request = timed_step, add_request
         runner = getattr(engine, "runner", None)
-        if runner is not None and hasattr(runner, "execute"):
-            execute = runner.execute
+        if runner is not None and hasattr(runner, "launch"):  # execute launches too
+            launch = runner.launch
 
-            def traced_execute(scheduler_output: Any) -> Any:
+            def traced_launch(scheduler_output: Any, *args: Any) -> Any:
                 scheduled = scheduler_output.scheduled
                 trace.scheduled = (
                     len(scheduled),
                     scheduler_output.num_batched_tokens,
                     tuple(s.request_id for s in scheduled),
                 )
-                return execute(scheduler_output)
+                return launch(scheduler_output, *args)
 
-            runner.execute = traced_execute
+            runner.launch = traced_launch
 
     def start(self) -> None:
         for trace in self.stages.values():
