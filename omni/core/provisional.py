@@ -76,7 +76,5 @@ def resolve(
             request.truncate_outputs(item.index + 1)
             request.status = status
             finished.append(request)
-    if finished:
-        done = {id(request) for request in finished}
-        scheduler.running[:] = [r for r in scheduler.running if id(r) not in done]
+    scheduler.drop_finished(finished)
     return finished

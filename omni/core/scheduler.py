@@ -252,10 +252,14 @@ class Scheduler:
             if status is not None:
                 request.status = status
                 finished.append(request)
+        self.drop_finished(finished)
+        return finished
+
+    def drop_finished(self, finished: list[Request]) -> None:
+        """Out of the running list (they keep their blocks until `release`)."""
         if finished:  # one pass over the running list, not one remove per finished request
             done = {id(request) for request in finished}
             self.running[:] = [r for r in self.running if id(r) not in done]
-        return finished
 
     def stop_status(
         self, request: Request, token_id: int, num_output: int | None = None
