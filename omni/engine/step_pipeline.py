@@ -43,9 +43,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _InFlight:
-    scheduler_output: SchedulerOutput
     launched: LaunchedStep
-    pending: list[Provisional]
+    pending: list[Provisional]  # its requests' placeholders, in its sampled rows' order
 
 
 class StepPipeline:
@@ -108,7 +107,7 @@ class StepPipeline:
             fed = FedIds(previous.launched.ids, np.asarray(rows, dtype=np.int64))
         launched = engine.runner.launch(scheduler_output, fed)
         engine.ran(scheduler_output)
-        return _InFlight(scheduler_output, launched, advance(engine.scheduler, scheduler_output))
+        return _InFlight(launched, advance(engine.scheduler, scheduler_output))
 
     def _can_launch_ahead(self, current: _InFlight) -> bool:
         engine = self.engine
