@@ -207,8 +207,8 @@ class DecodeGraphs:
         if self._dev is not self._host:
             self._dev.copy_(self._host, non_blocking=True)
             self._dev_tables[: shape[0]].copy_(self._host_tables[: shape[0]], non_blocking=True)
-            self._uploaded = torch.cuda.Event()
-            self._uploaded.record()
+            self._uploaded = self._uploaded or torch.cuda.Event()
+            self._uploaded.record()  # re-recorded each step, once the last one was waited for
         if fed_ids is not None:
             self._dev[IDS, :n].copy_(fed_ids)
         graph = self._graphs.get(shape)
