@@ -13,8 +13,10 @@ call finishes its step synchronously, which the next call then starts from):
 - the adapter's decode steps take device ids (no host read of a fed id or sampled code), and the
   stage has padded (CUDA-graph) decode steps for a batch of this size;
 - every running request sampled in the launched step, none waits for input, none reaches
-  max_tokens or max_model_len with its provisional token, and nobody is waiting to be admitted:
-  the next step is then exactly one decode token per running request, in the same order;
+  max_tokens or max_model_len with its provisional token, and nobody waiting could be admitted
+  (none waits, or max_num_seqs run): the next step is then exactly one decode token per
+  running request, in the same order (a request that finishes in the step in flight frees its
+  place one step later than a synchronous step would);
 - the pool holds every new block that step needs, so scheduling it preempts nobody.
 A request whose token in flight stops it (EOS, a stop token) was also fed to the step ahead:
 that row is dropped, and its KV lands past the request's end in blocks it then releases.
@@ -113,8 +115,10 @@ class StepPipeline:
         engine = self.engine
         scheduler, graphs = engine.scheduler, engine.runner.decode_graphs
         running = scheduler.running
-        if not running or scheduler.waiting or graphs is None or current.launched.ids is None:
+        if not running or graphs is None or current.launched.ids is None:
             return False
+        if scheduler.waiting and len(running) < scheduler.config.max_num_seqs:
+            return False  # the next step would admit (a full batch admits nobody: it may run)
         if len(running) > min(graphs.batch_sizes[-1], scheduler.config.max_num_batched_tokens):
             return False
         sampled = set(current.launched.request_ids)

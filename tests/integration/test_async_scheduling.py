@@ -38,10 +38,10 @@ def test_tokens_equal_transformers(case, extra):
             assert result.token_ids == want, f"{round_}{index}"
             assert result.finish_reason == "length"
     stats = engine.stats()
-    # Not while requests wait for a place (max_num_seqs 6 of 13): the next step admits them.
-    assert stats["steps_launched_ahead"] > 0, stats
-    if "num_blocks" in extra:
-        assert stats["preemptions"] > 0, stats
+    if "num_blocks" in extra:  # the pool, not the batch, is short: fewer steps run ahead
+        assert stats["preemptions"] > 0 and stats["steps_launched_ahead"] > 0, stats
+    else:  # also while requests wait for a place: 6 of 13 run, a full batch admits nobody
+        assert stats["steps_launched_ahead"] > stats["steps"] * 3 // 4, stats
     if extra.get("enable_prefix_caching", True):
         assert stats["kv_hit_tokens"] > 0, stats
 
