@@ -92,8 +92,7 @@ def hash_request_blocks(request: Request, block_size: int, hash_algo: str) -> li
         request.block_hash_algo = hash_algo
         request.block_hash_size = block_size
     hashes = request.block_hashes
-    # Provisional tokens (ids still on the device) are not known yet: never hashed.
-    num_full_blocks = (request.num_tokens - request.num_provisional) // block_size
+    num_full_blocks = request.num_known_tokens // block_size  # provisional tokens: never hashed
     if len(hashes) >= num_full_blocks:
         return hashes
     hash_fn = get_hash_function(hash_algo)

@@ -73,7 +73,7 @@ class KVCacheManager:
             if req_blocks is not None:
                 num_total_tokens = request.num_computed_tokens + num_new_tokens
                 if num_total_tokens <= len(req_blocks) * self.block_size:
-                    num_known = min(num_total_tokens, request.num_tokens - request.num_provisional)
+                    num_known = min(num_total_tokens, request.num_known_tokens)
                     num_cached = self._num_cached_blocks[request.request_id]
                     if self.enable_caching and num_known // self.block_size > num_cached:
                         self._cache_full_blocks(request, req_blocks, num_known)
@@ -112,8 +112,8 @@ class KVCacheManager:
         new_blocks = self.pool.get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
         if self.enable_caching:
-            num_known = request.num_tokens - request.num_provisional
-            self._cache_full_blocks(request, req_blocks, min(num_total_tokens, num_known))
+            num_known = min(num_total_tokens, request.num_known_tokens)
+            self._cache_full_blocks(request, req_blocks, num_known)
         return [block.block_id for block in new_blocks]
 
     def _cache_full_blocks(

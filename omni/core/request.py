@@ -95,6 +95,11 @@ class Request:
         return len(self._all_token_ids)
 
     @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids the host knows: all but the provisional ones."""
+        return len(self._all_token_ids) - self.num_provisional
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 

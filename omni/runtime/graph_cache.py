@@ -3,8 +3,8 @@
 `capture_graph` runs a function twice on a side stream (Triton compiles, cuBLAS and cuDNN pick
 their kernels, lazy allocations happen), then captures it, in `thread_local` mode (other
 stages' threads keep launching meanwhile), and replays it once. Every graph of the project is
-captured through it (decode_graphs.py at start-up; token2wav's chunks). `GraphCache`, for graphs whose shapes
-depend on what a step batches (token2wav's DiT evaluations and BigVGAN), keeps at most
+captured through it (decode_graphs.py at start-up; token2wav's chunks). `GraphCache`, for graphs
+whose shapes depend on what a step batches (token2wav's DiT evaluations and BigVGAN), keeps at most
 `max_graphs` entries, the least recently used dropped, all captured into one memory pool; a
 capture that fails is logged and turns the cache off (the caller runs eagerly from then on),
 unless the stage demanded graphs (`required`). Entries are built by the caller (a graph with its

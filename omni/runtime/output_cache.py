@@ -17,9 +17,10 @@ Devices: the cache lives on `device` and its rows come from forwards on `source_
 - Both the GPU (a GPU stage with output_cache_device: cuda): the same indexed copy, on the GPU,
   in the forward's stream.
 - A GPU stage with the cache in host memory (output_cache_device: cpu): the cache is plain host
-  memory (never a copy's target, so not page-locked). Each step's rows go down in ONE non_blocking device-to-host copy per output, into a
-  pinned staging buffer, on a side CUDA stream that first waits for an event recorded after the
-  forward on the main stream; the staged rows are scattered into the cache on the host once the
+  memory (never a copy's target, so not page-locked). Each step's rows go down in ONE
+  non_blocking device-to-host copy per output, into a pinned staging buffer, on a side CUDA
+  stream that first waits for an event recorded after the forward on the main stream; the
+  staged rows are scattered into the cache on the host once the
   copy has landed: at a later write if its event says so (no wait), else at the next read. So
   the forward and the next step never wait for these copies; every read (gather, rows,
   synchronize) first waits for the last copy's event and scatters what is staged. A copy's
