@@ -31,7 +31,7 @@ from typing import Any
 
 from omni.config import StageConfig
 from omni.engine import Engine, create_engine
-from omni.engine.device import use_own_stream
+from omni.engine.device import stream_priority, use_own_stream
 from omni.host.device_errors import fatal_device_error, loop_death
 from omni.host.engine_calls import EngineCalls
 from omni.host.input_conversion import InputConversion, Processor
@@ -129,7 +129,8 @@ class StageHost:
 
         def loop() -> None:
             if own_stream:
-                self.stream = use_own_stream(self.engine.device)
+                priority = stream_priority(self.config.kind)
+                self.stream = use_own_stream(self.engine.device, priority)
             self._loop()
 
         self._thread = threading.Thread(target=loop, name=f"omni-{self.name}", daemon=True)

@@ -41,7 +41,10 @@ def run(omni_dir: str, stage_threads: str, stage_streams: bool | None = None):
         seconds = time.perf_counter() - start
         threads = [h._thread for h in omni.backend.hosts.values() if h._thread]
         streams = {name: h.stream is not None for name, h in omni.backend.hosts.items()}
+        priorities = {n: h.stream.priority for n, h in omni.backend.hosts.items() if h.stream}
     assert not any(thread.is_alive() for thread in threads)
+    if priorities:  # the ar stages' kernels go first whenever SMs free up (omni/engine/device.py)
+        assert priorities["thinker"] == priorities["talker"] < priorities["token2wav"] == 0
     assert streams == dict.fromkeys(
         STAGES, stage_threads != "shared" and stage_streams is not False
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from omni.config import ConfigError, load_config
 from omni.config.devices import describe_plan, plan_gpus
@@ -242,3 +243,12 @@ def test_stage_streams(tmp_path):
         "output_cache_device",
     )
     error_of({"runtime": {"stage_streams": "yes"}, **one(model)}, "runtime.stage_streams")
+
+
+def test_ar_stages_get_the_higher_stream_priority():
+    """Token-by-token stages go first on the GPU; a vocoder's long batches wait for free SMs
+    (lower number: higher priority; the stream itself is checked in tests/cuda)."""
+    from omni.engine.device import stream_priority, use_own_stream
+
+    assert stream_priority("ar") < stream_priority("generation") == 0
+    assert use_own_stream(torch.device("cpu"), stream_priority("ar")) is None
