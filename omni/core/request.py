@@ -108,6 +108,11 @@ class Request:
         return len(self.output_token_ids)
 
     @property
+    def last_known_output(self) -> int:
+        """The newest output token whose id the host has read (provisional ones come after)."""
+        return self.output_token_ids[len(self.output_token_ids) - self.num_provisional - 1]
+
+    @property
     def is_finished(self) -> bool:
         return self.status.finished
 

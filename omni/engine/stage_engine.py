@@ -239,7 +239,7 @@ class StageEngine:
             StageUpdate(
                 r.request_id,
                 name,
-                [r.output_token_ids[-1]],
+                [r.last_known_output],  # with a step ahead, its placeholder comes after
                 max(r.num_cached_tokens, 0),
                 t,
                 # a multi-code stage: the token's residual codes, appended with it

@@ -12,7 +12,8 @@ A step is launched ahead only where nothing it schedules depends on the ids in f
 call finishes its step synchronously, which the next call then starts from):
 - the adapter's decode steps take device ids (no host read of a fed id or sampled code), and the
   stage has padded (CUDA-graph) decode steps for a batch of this size;
-- every running request sampled in the launched step, none waits for input, none reaches
+- every running request sampled in the launched step, each has the input of the position it
+  feeds next (a streamed upstream may still be adding positions after it), none reaches
   max_tokens or max_model_len with its provisional token, and nobody waiting could be admitted
   (none waits, or max_num_seqs run): the next step is then exactly one decode token per
   running request, in the same order (a request that finishes in the step in flight frees its
@@ -125,8 +126,8 @@ class StepPipeline:
         max_model_len, block_size, kv = scheduler.config.max_model_len, engine.block_size, engine.kv
         num_new_blocks = 0
         for request in running:
-            if request.request_id not in sampled or request.input_limit is not None:
-                return False
+            if request.request_id not in sampled or not request.is_runnable:
+                return False  # its next position's input has not come (a streamed upstream)
             if request.num_output_tokens >= request.sampling_params.max_tokens:
                 return False  # its provisional token ends it by length
             if request.num_tokens >= max_model_len:

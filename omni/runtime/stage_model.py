@@ -122,7 +122,9 @@ class StageModelBase:
         on the device, sampled batched over all R rows with each row's params; they return to
         the engine with the token (RunnerOutput.sampled_codes) and come back with it when it is
         fed (ScheduledRequest.fed_codes). num_output_tokens is empty when every row is greedy
-        (nothing seeded needs it). None (the default): one token per step."""
+        (nothing seeded needs it). None (the default): one token per step. Called after every
+        sampling, before the ids are read: where an adapter keeps a history of sampled ids on
+        the device (the Qwen2.5-Omni talker's penalty), it records them here."""
         return None
 
     def release(self, request_ids: list[str]) -> None:

@@ -31,6 +31,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 )
 from transformers.utils import logging as hf_logging
 
+from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler_output import ScheduledRequest
 from omni.messages import InputDelta, StageInput
 from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
@@ -57,6 +58,10 @@ def speaker_key(name: str) -> int:
 
 
 class OmniTalkerAdapter(StageModelBase):
+    # A decode token's codec embedding and seen mark come from the device ids (decode_forward,
+    # sample_codes); decode_prepare reads positions and text rows only.
+    decode_ids_on_device = True
+
     def __init__(
         self,
         model_dir: str,
@@ -198,8 +203,10 @@ class OmniTalkerAdapter(StageModelBase):
         reads them from the graph's buffer). Anything else runs eagerly."""
         states = [self._states.get(e.request_id) for e in scheduled]
         for entry, state in zip(scheduled, states, strict=True):
-            if entry.is_new or len(entry.token_ids) != 1 or state is None:
+            if entry.is_new or len(entry.token_ids) != 1:
                 return None
+            if state is None:  # a bare codec prompt: its text row is the arena's zero row
+                continue
             if not state.prompt_codes_marked or entry.num_computed_tokens < state.prompt_len:
                 return None
         step = plan_step(scheduled, states, self._text.start, self._seen.slot)
@@ -218,6 +225,19 @@ class OmniTalkerAdapter(StageModelBase):
             raise ValueError("the talker's decode body needs its text rows (embeds)")
         codec = self.talker.get_input_embeddings()(input_ids)
         return self._body(embeds + codec, positions, attn)
+
+    def sample_codes(
+        self,
+        hidden_states: torch.Tensor,
+        token_ids: torch.Tensor,
+        request_ids: list[str],
+        params: list[SamplingParams],
+        num_output_tokens: list[int],
+    ) -> torch.Tensor | None:
+        """One code per step; the sampled codes go into their requests' seen rows here."""
+        if self._penalty is not None and len(self._sample_ids) == token_ids.shape[0]:
+            self._seen.mark_sampled(self._penalty[0], token_ids)
+        return None
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.talker.codec_head(hidden_states).float()

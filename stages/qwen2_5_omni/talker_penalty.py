@@ -2,8 +2,10 @@
 
 transformers' `generate` applies RepetitionPenaltyLogitsProcessor (penalty 1.05 by default) over
 every codec id in the talker's sequence: its codec prompt ids and each code generated so far.
-Here each running request owns one bool row of a device table [rows, codec_vocab]; a step marks
-the codec ids it feeds (one index_put_ from the step's upload) and the sampled rows' logits are
+Here each running request owns one bool row of a device table [rows, codec_vocab]: its prompt
+codec ids are marked by its first step (one index_put_ from the step's upload), each code it
+generates right after it is sampled, from the sampled ids on the device (`mark_sampled`, so no
+fed id is read on the host: a step ahead feeds ids not yet read). The sampled rows' logits are
 penalized with one gather of their rows and one torch.where per distinct penalty value. No
 per-row host-to-device copy and no host read. Row 0 is never marked: a sampled row without a
 penalty (no request state, or penalty 1.0) reads it.
@@ -46,6 +48,12 @@ class SeenCodes:
     def mark(self, slots: torch.Tensor, codec_ids: torch.Tensor) -> None:
         """rows[slots[i], codec_ids[i]] = True (both on the table's device)."""
         self.rows.index_put_((slots, codec_ids), self._true)
+
+    def mark_sampled(self, slots: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """Each sampled row's token into its seen row (slots [R]; rows reading row 0 write a
+        False there, so row 0 stays unmarked); same as feeding it next, since a request's next
+        step feeds it and its logits come after that feed."""
+        self.rows.index_put_((slots, token_ids), slots != 0)
 
     def penalize(
         self,

@@ -10,8 +10,10 @@ All of that is known on the host: the fed ids (entry.token_ids), the positions
 is built as index arrays here and applied on the device with one gather (text rows), one
 embedding lookup (codec ids) and one masked fill, whatever the number of requests.
 
-Besides the inputs: the codec ids to mark in the seen-mask (fed decode ids, and each new
-request's prompt codec ids once), and for each sampled row its seen-mask row and penalty group.
+Besides the inputs: the codec ids to mark in the seen-mask (each new request's prompt codec ids,
+once; a generated id is marked on the device when it is sampled, so that a step may feed ids still
+on the device: engine.async_scheduling), and for each sampled row its seen-mask row and penalty
+group.
 """
 
 from __future__ import annotations
@@ -77,9 +79,6 @@ def plan_step(
                 step.mark_slots += [slot] * len(state.prompt_codec_ids)
                 step.mark_ids += state.prompt_codec_ids
                 state.prompt_codes_marked = True
-            num_prompt = min(max(state.prompt_len - first, 0), num)
-            step.mark_slots += [slot] * (num - num_prompt)
-            step.mark_ids += ids[num_prompt:]
         if entry.sample:
             step.sample_ids.append(entry.request_id)
             _plan_sample(step, entry, state, seen_slot)

@@ -40,6 +40,7 @@ def run_generate(
     talker_tokens: int,
     seed: int = 0,
     media: dict | None = None,
+    talker_repetition_penalty: float = 1.05,
 ) -> list[OmniReference]:
     """Full generate on `prompts` (left-padded into one batch when several), greedy talker.
 
@@ -72,6 +73,7 @@ def run_generate(
                 thinker_max_new_tokens=thinker_tokens,
                 talker_max_new_tokens=talker_tokens,
                 talker_do_sample=False,
+                talker_repetition_penalty=talker_repetition_penalty,
                 **(media or {}),
             )
     finally:

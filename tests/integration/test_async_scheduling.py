@@ -67,6 +67,31 @@ def test_a_stop_token_in_flight_ends_the_request_there(case):
     assert [r.token_ids for r in again] == expected
 
 
+def test_each_update_carries_the_token_its_step_read(case):
+    """What a step reports to the next stage and the caller is the token it read, never the
+    placeholder of the step it left in flight: the updates join to the result, stops in flight
+    included (a placeholder is 0, which no expected token here is)."""
+    model_dir, prompts, expected = case
+    assert all(0 not in want for want in expected)
+    engine = make_engine(model_dir, **ASYNC)
+    for index, (prompt, want) in enumerate(zip(prompts, expected, strict=True)):
+        stop = [want[6]] if index % 2 else []
+        params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, stop_token_ids=stop)
+        engine.add_request(StageInput(f"u{index}", prompt, params))
+    streamed: dict[str, list[int]] = {}
+    results = {}
+    while engine.has_unfinished:
+        out = engine.step()
+        for update in out.updates:
+            streamed.setdefault(update.request_id, []).extend(update.new_token_ids)
+        results.update({r.request_id: r for r in out.finished})
+    assert engine.stats()["steps_launched_ahead"] > 0
+    for index, want in enumerate(expected):
+        result = results[f"u{index}"]
+        assert result.token_ids == (want[: want.index(want[6]) + 1] if index % 2 else want)
+        assert streamed[f"u{index}"] == result.token_ids, index
+
+
 def test_abort_while_a_step_is_in_flight(case):
     model_dir, prompts, expected = case
     engine = make_engine(model_dir, **ASYNC)

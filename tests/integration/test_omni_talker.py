@@ -81,12 +81,20 @@ def talker_input(ref: OmniReference, mode: str, request_id: str) -> StageInput:
 
 @pytest.mark.parametrize(
     ("caching", "engine_kwargs"),
-    [(True, {}), (False, {}), (True, {"cuda_graphs": True, "max_num_seqs": 3})],
-    ids=["caching", "no-caching", "padded-decode"],
+    [
+        (True, {}),
+        (False, {}),
+        (True, {"cuda_graphs": True, "max_num_seqs": 3}),
+        (True, {"cuda_graphs": True, "max_num_seqs": 4, "async_scheduling": True}),
+        (False, {"cuda_graphs": True, "async_scheduling": True, "num_blocks": 14}),
+    ],
+    ids=["caching", "no-caching", "padded-decode", "ahead", "ahead-preempted"],
 )
 def test_talker_codes_equal_transformers(omni_dir, refs, caching, engine_kwargs):
     """padded-decode: decode steps padded to the CUDA-graph ladder (1, 2, 3), run eagerly here,
-    with the text rows gathered before the body as on a GPU."""
+    with the text rows gathered before the body as on a GPU. ahead: decode steps launched before
+    the last one's codes were read, their codec ids (embedding and penalty) taken on the device;
+    -preempted: in a pool too small for all four requests."""
     engine = talker_engine(omni_dir, caching, **engine_kwargs)
     # Each mode twice: with caching on, the repeat is served from the prefix cache.
     for round_ in range(2):
@@ -102,8 +110,47 @@ def test_talker_codes_equal_transformers(omni_dir, refs, caching, engine_kwargs)
                 assert result.num_cached_tokens > 0
             if not caching:
                 assert result.num_cached_tokens == 0
+    stats = engine.stats()
     if engine_kwargs:
-        assert engine.stats()["padded_decode_steps"] > 0
+        assert stats["padded_decode_steps"] > 0
+    assert (stats["steps_launched_ahead"] > 0) == engine_kwargs.get("async_scheduling", False)
+    if "num_blocks" in engine_kwargs:
+        assert stats["preemptions"] > 0, stats
+
+
+# Below 1 the "penalty" rewards seen codes: the tiny model's 24 codes never repeat under 1.05,
+# but with 0.5 they repeat generated codes (5437, 2952, then 5705 on and on).
+STRONG_PENALTY = 0.5
+
+
+@pytest.fixture(scope="module")
+def strong(omni_dir) -> OmniReference:
+    """A reference whose codes depend on the generated codes' history."""
+    model = load_hf(omni_dir)
+    kw = dict(thinker_tokens=THINKER_TOKENS, talker_tokens=TALKER_TOKENS, seed=3)
+    return run_generate(model, [PROMPT], **kw, talker_repetition_penalty=STRONG_PENALTY)[0]
+
+
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [{}, {"cuda_graphs": True}, {"cuda_graphs": True, "async_scheduling": True}],
+    ids=["eager", "padded-decode", "ahead"],
+)
+def test_talker_penalty_over_generated_codes_equals_transformers(
+    omni_dir, refs, strong, engine_kwargs
+):
+    """Generated codes enter the penalty as they are sampled, on the device (talker_penalty.py):
+    equal to transformers with a penalty that changes the codes, steps ahead included."""
+    assert strong.codes != refs["unmasked"].codes  # the penalty over generated codes bites
+    engine = talker_engine(omni_dir, True, **engine_kwargs)
+    for i in range(2):
+        stage_input = talker_input(strong, "unmasked", f"s{i}")
+        extras = {**stage_input.extras, "repetition_penalty": STRONG_PENALTY}
+        engine.add_request(dataclasses.replace(stage_input, extras=extras))
+    results = engine.run_until_done()
+    assert [r.token_ids for r in results] == [strong.codes] * 2
+    launched_ahead = engine.stats()["steps_launched_ahead"]
+    assert (launched_ahead > 0) == engine_kwargs.get("async_scheduling", False)
 
 
 def test_talker_rejects_bad_extras(omni_dir, refs):

@@ -73,14 +73,13 @@ def _snr_db(signal: torch.Tensor, approx: torch.Tensor) -> float:
     return math.inf if noise == 0 else 10 * math.log10(signal.pow(2).sum().item() / noise)
 
 
-@pytest.mark.parametrize(
-    "padded", [False, True, "ahead"], ids=["eager", "padded-decode", "thinker-ahead"]
-)
+@pytest.mark.parametrize("padded", [False, True, "ahead"], ids=["eager", "padded-decode", "ahead"])
 def test_streaming_speech_matches_transformers(omni_dir, reference, padded):
     """padded-decode: the thinker's and the talker's decode steps take the CUDA-graph path
-    (run eagerly here), the talker's while its thinker rows still stream in. thinker-ahead: the
-    thinker's decode steps also launched one ahead of their ids (engine.async_scheduling), its
-    streamed rows never those of the step in flight."""
+    (run eagerly here), the talker's while its thinker rows still stream in. ahead: the thinker's
+    and the talker's decode steps also launched one ahead of their ids (engine.async_scheduling):
+    the thinker's streamed rows never those of the step in flight, the talker's steps ahead
+    while the thinker's rows come, wherever it has the row of the position it feeds next."""
     overrides = {
         "stages.talker.input_processor": "thinker_to_talker_unmasked",
         "stages.token2wav.stream.chunk_size": 20,  # 60 codes: chunks of 10, 20, 20, 10
@@ -89,7 +88,7 @@ def test_streaming_speech_matches_transformers(omni_dir, reference, padded):
     if padded:
         overrides |= {f"stages.{s}.engine.cuda_graphs": True for s in ("thinker", "talker")}
     if padded == "ahead":
-        overrides["stages.thinker.engine.async_scheduling"] = True
+        overrides |= {f"stages.{s}.engine.async_scheduling": True for s in ("thinker", "talker")}
     runtime = {"backend": "local", "return_tensors": "all"}  # the thinker's rows, to compare
     with Omni(model=omni_dir, runtime=runtime, **overrides) as omni:
         spy = RowSpy(omni.backend.hosts["talker"].engine.model)
@@ -106,7 +105,8 @@ def test_streaming_speech_matches_transformers(omni_dir, reference, padded):
         stats = omni.stats()
     for stage in ("thinker", "talker"):
         assert (stats[stage].get("padded_decode_steps", 0) > 0) == bool(padded), stage
-    assert (stats["thinker"]["steps_launched_ahead"] > 0) == (padded == "ahead")
+    for stage in ("thinker", "talker"):
+        assert (stats[stage]["steps_launched_ahead"] > 0) == (padded == "ahead"), stage
     for round_, snapshots in enumerate(rounds):
         out = snapshots[-1]
         assert out.finished and out.error is None, out.error
