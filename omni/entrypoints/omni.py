@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from omni.config import OmniConfig
 from omni.core.sampling_params import SamplingParams
 from omni.entrypoints.async_omni import AsyncOmni, StageParams
-from omni.entrypoints.chat_messages import chat_prompt
 from omni.entrypoints.media_parts import MediaError, MediaPolicy
 from omni.entrypoints.snapshot_cursor import SnapshotCursor
 from omni.messages import OmniOutput, PromptInput, StageResult
@@ -122,6 +121,9 @@ class Omni:
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """The prompt dict `chat` builds for one conversation (ValueError naming a bad part),
         framed by the model family's prompt processor."""
+        # Here, not at the top: the message models need pydantic (a server extra), generate not.
+        from omni.entrypoints.chat_messages import chat_prompt
+
         processor = self.async_omni.prompt_processor
         if processor.tokenizer is None:
             raise ValueError("this model has no tokenizer: chat needs one; use generate with ids")
