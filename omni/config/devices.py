@@ -10,8 +10,8 @@ Rules (docs/gpu.md, "Config fields"):
   else the fraction its own `gpu_memory_utilization` implies (share / 0.9), else 0.1 for a
   generation stage (a vocoder sizes no pool from its share: a small fixed one leaves the rest to
   the KV pools), and the ar stages split what is left of one GPU equally. On the local backend
-  the planned stages share cuda:0 with every other GPU stage; on Ray with one GPU, with the
-  fractional ones.
+  the planned stages share cuda:0 with every other GPU stage, and on Ray with one GPU too (a
+  stage taking the whole GPU leaves them none: a ConfigError).
 - `device: cuda` needs a GPU: num_gpus 0 contradicts it, and the machine or cluster must have one.
 - `gpu_memory_utilization` null: 0.9 of the stage's fraction (0.9 of a GPU for whole GPUs).
 - Memory shares on one GPU sum to at most 0.95 (the rest is for CUDA contexts and fragmentation).
@@ -130,14 +130,13 @@ def _fractions(stages: tuple[StageConfig, ...], backend: str, num_gpus: float) -
             to_plan.append(s)
     if not to_plan:
         return out
-    # What the planned stages share their GPU with: on the local backend every GPU stage (all on
-    # cuda:0), on Ray with one GPU the fractional ones. On a larger cluster Ray places them, and
-    # _check_shares catches the sets that would not fit.
+    # What the planned stages share their GPU with: on the local backend and on Ray with one GPU,
+    # every GPU stage (a whole-GPU one leaves them nothing). On a larger cluster Ray places them,
+    # and _check_shares catches the sets that would not fit.
     terms: dict[str, tuple[float, str]] = {}
     for s in stages:
         f = out.get(s.name, 0.0)
-        shares_the_gpu = backend == "local" or (f < 1 and num_gpus < 2)
-        if s.engine.device != "cpu" and f > 0 and shares_the_gpu:
+        if s.engine.device != "cpu" and f > 0 and (backend == "local" or num_gpus < 2):
             terms[s.name] = (min(f, 1.0), f"stages.{s.name}.resources.num_gpus={f:g}")
     for s in to_plan:
         share, used = s.resources.gpu_share, s.engine.gpu_memory_utilization

@@ -157,6 +157,18 @@ def test_ray_with_two_gpus_plans_beside_explicit_fractions(join_processor):
     assert _plan(config, 2)["b"][1] == pytest.approx(0.5)
 
 
+def test_a_whole_gpu_stage_on_a_one_gpu_cluster_leaves_the_planned_ones_nothing(join_processor):
+    """Ray with one GPU and a taking all of it: b and c cannot be planned beside it (they were
+    given half a GPU each, which Ray could never place)."""
+    config = _config("ray", **{"a.resources.num_gpus": 1})
+    with pytest.raises(ConfigError, match=r"stages\.b\.resources\.num_gpus: null, but nothing"):
+        plan_gpus(config, num_gpus=1, what="-")
+    assert _plan(config, 2)["b"][1] == pytest.approx(0.5)  # with two, Ray may place them apart
+    with_share = _config("ray", **{"a.resources.num_gpus": 1, "b.resources.gpu_share": 0.2})
+    with pytest.raises(ConfigError, match=r"take 1\.2 of it \(> 1\).*num_gpus=1"):
+        plan_gpus(with_share, num_gpus=1, what="-")
+
+
 def test_cuda_requests_that_cannot_hold_name_the_field(join_processor):
     for backend in ("local", "ray"):
         with pytest.raises(
@@ -208,7 +220,7 @@ def test_shares_on_one_gpu_above_095_name_the_stages(join_processor):
     assert _plan(apart, 2)["a"][2] == pytest.approx(0.63)  # 0.7 + 0.7 never share a GPU
     whole = _config("ray", **{"a.resources.num_gpus": 1, "a.engine.gpu_memory_utilization": 0.97})
     with pytest.raises(ConfigError, match=r"sum to 0.97 on one GPU \(the stage has its GPU"):
-        plan_gpus(whole, num_gpus=1, what="-")
+        plan_gpus(whole, num_gpus=2, what="-")  # (with one, b and c would have no GPU left)
     over = _config("ray", **{"a.resources.num_gpus": 0.5, "a.engine.gpu_memory_utilization": 0.8})
     with pytest.raises(
         ConfigError, match=r"stages\.a\.engine\.gpu_memory_utilization: 0.8 is more"
