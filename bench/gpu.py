@@ -199,9 +199,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="token2wav's streamed-chunk DiT precision (stream.dtype; default: float16 on a GPU)",
     )
     p.add_argument(
-        "--thinker-ahead",
+        "--ahead",
         action="store_true",
-        help="the thinker with engine.async_scheduling (Qwen2.5-Omni; default: off, as shipped)",
+        help="thinker and talker with engine.async_scheduling (Qwen2.5-Omni; default: off, as "
+        "shipped)",
     )
     p.add_argument(
         "--gpu-mem",

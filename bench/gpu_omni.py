@@ -160,9 +160,10 @@ def omni_engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides[f"stages.{vocoder}.engine.max_num_seqs"] = args.t2w_batch
     if getattr(args, "t2w_dtype", None):
         overrides[f"stages.{vocoder}.stream.dtype"] = args.t2w_dtype
-    if getattr(args, "thinker_ahead", False):
-        overrides[f"stages.{thinker_name}.engine.async_scheduling"] = True
-        overrides[f"stages.{thinker_name}.engine.cuda_graphs"] = True  # the CPU's padded steps
+    if getattr(args, "ahead", False):
+        for stage in (thinker_name, talker_name):
+            overrides[f"stages.{stage}.engine.async_scheduling"] = True
+            overrides[f"stages.{stage}.engine.cuda_graphs"] = True  # the CPU's padded steps
     return overrides
 
 

@@ -9,7 +9,8 @@
 # Parts: cuda (the `cuda` tests, in one process), suite (the rest but Ray, 12 workers),
 # decode (bench/gpu.py's decoder parts with the profiler), host (bench/host_step.py), fused
 # (bench/fused_kernels.py: fused layers against transformers' at B=16), omni
-# (bench/gpu.py's Qwen2.5-Omni 7B parts), qwen3 (bench/gpu.py --family qwen3_omni_moe, cut to
+# (bench/gpu.py's Qwen2.5-Omni 7B parts), omni-ahead (the same, thinker and talker steps
+# launched ahead, transformers' side skipped), qwen3 (bench/gpu.py --family qwen3_omni_moe, cut to
 # 24 thinker layers), ray (the `ray` tests, then tools/ray_gpu_check.py: stages on Ray with the
 # GPU split; needs Ray's three parts, tools/ray_parts.sh: each call stashes the part it carries
 # under /tmp/rayparts, and this part installs Ray from them). Set LIMIT_<part>=seconds to change a part's limit; PYTEST_ARGS adds
@@ -69,6 +70,9 @@ run_one() {
   fused) run_part fused 120 python3 bench/fused_kernels.py --batch 16 --context 512 ;;
   omni) run_part omni 330 python3 bench/gpu.py --skip decode --skip prefix --skip steps \
     --hf-requests 2 --single 2 --requests 16 --warmup 1 ;;
+  # The same with the thinker's and talker's steps launched ahead (engine.async_scheduling).
+  omni-ahead) run_part omni_ahead 330 python3 bench/gpu.py --skip decode --skip prefix \
+    --skip steps --skip hf --single 2 --requests 16 --warmup 1 --ahead ;;
   ray)
     export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
     install_ray || return
