@@ -55,6 +55,7 @@ def test_private_instance_equal_results_kill_and_clean_shutdown(qwen2_dir, llama
     ids, want = reference
     # A private Ray of 2 CPUs whatever the machine has: stages a and b (1 CPU each) hold them all.
     overrides = {"runtime.request_timeout_s": 60, "runtime.num_cpus": 2}
+    overrides["runtime.max_stage_restarts"] = 2  # a kill, then a CUDA error
     config = two_stage_config(qwen2_dir, llama_dir, **overrides)
     omni = Omni(config)
     try:
@@ -85,6 +86,25 @@ def test_private_instance_equal_results_kill_and_clean_shutdown(qwen2_dir, llama
             assert output.error is None
             assert_same(output.stages, want[i], f"after the restart, prompt {i}")
         assert omni.backend.num_restarts["b"] == 1
+        omni.check_health()
+
+        # A CUDA error in b's forward (what torch raises after a device-side assert, a test
+        # double injected into the actor's adapter): its loop dies, the requests in b fail
+        # naming the error, Ray replaces the actor, and later requests get the reference again.
+        def device_assert(actor):
+            def forward(inputs):
+                raise RuntimeError("CUDA error: device-side assert triggered")
+
+            actor.host.engine.model.forward = forward
+
+        ray.get(omni.backend.actors["b"].__ray_call__.remote(device_assert), timeout=60)
+        for output in omni.generate(ids[:2], use_tqdm=False):
+            assert output.error is not None and "stage 'b'" in output.error, output.error
+            assert "CUDA error: device-side assert triggered" in output.error, output.error
+        for i, output in enumerate(omni.generate(ids[:2], use_tqdm=False)):
+            assert output.error is None, output.error
+            assert_same(output.stages, want[i], f"after the CUDA error's restart, prompt {i}")
+        assert omni.backend.num_restarts["b"] == 2
         omni.check_health()
 
         # A second pipeline while this one holds the CPUs: a ConfigError at once, not a wait.
