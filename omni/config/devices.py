@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ DEFAULT_UTILIZATION = 0.9  # of the stage's GPU (fraction): the rest is CUDA's a
 MAX_UTILIZATION_PER_GPU = 0.95  # the most the memory shares on one GPU may sum to
 GENERATION_SHARE = 0.1  # of a GPU, for a planned generation stage that declares no gpu_share
 _EPS = 1e-6
+logger = logging.getLogger(__name__)
 _Placed = tuple[StageConfig, StageConfig]  # a stage as given and as placed
 
 
@@ -73,6 +75,14 @@ def plan_gpus(config: OmniConfig, *, num_gpus: float, what: str) -> OmniConfig:
         _check_request(stage, num_gpus, what)
     fractions = _fractions(config.stages, backend, num_gpus)
     placed = [_place(s, fractions[s.name], num_gpus) for s in config.stages]
+    for stage in placed:
+        f = stage.resources.num_gpus or 0.0
+        if f > 1 and _gpu(stage):
+            logger.warning(
+                "stages.%s.resources.num_gpus=%g reserves %g GPUs, but the stage computes on "
+                "one (omni has no tensor parallelism); the others sit idle",
+                stage.name, f, f,
+            )  # fmt: skip
     _check_shares([(s, p) for s, p in zip(config.stages, placed, strict=True) if _gpu(p)], backend)
     return dataclasses.replace(config, stages=tuple(placed))
 

@@ -63,9 +63,9 @@ class ResourcesConfig:
     num_cpus: float = 1.0
     """CPUs reserved for the actor (fractions allowed, e.g. 0.5 to share a core)."""
     num_gpus: float | None = None
-    """GPUs the stage takes (on Ray, reserves for its actor): 0 none (the stage runs on the CPU),
-    a fraction such as 0.5 shares one; null is planned from the machine or cluster: none
-    without GPUs, else gpu_share (omni/config/devices.py)."""
+    """GPUs the stage takes (on Ray, reserves for its actor): 0 none (the CPU), a fraction such
+    as 0.5 shares one, above 1 reserves more but computes on one (a warning); null is planned
+    from the machine or cluster: none without GPUs, else gpu_share (omni/config/devices.py)."""
     gpu_share: float | None = None
     """The fraction of a GPU (0 < x <= 1) a stage whose num_gpus is null takes when there are
     GPUs; null: 0.1 for a generation stage, and the ar stages split what is left of one GPU."""

@@ -169,6 +169,16 @@ def test_a_whole_gpu_stage_on_a_one_gpu_cluster_leaves_the_planned_ones_nothing(
         plan_gpus(with_share, num_gpus=1, what="-")
 
 
+def test_more_than_one_gpu_for_a_stage_is_a_warning(join_processor, caplog):
+    config = _config("ray", **{"a.resources.num_gpus": 2, "b.resources.num_gpus": 1})
+    with caplog.at_level("WARNING", logger="omni.config.devices"):
+        assert _plan(config, 4)["a"][:2] == ("cuda", 2)
+    (record,) = caplog.records
+    assert "stages.a.resources.num_gpus=2 reserves 2 GPUs, but the stage computes on one" in (
+        record.getMessage()
+    )
+
+
 def test_cuda_requests_that_cannot_hold_name_the_field(join_processor):
     for backend in ("local", "ray"):
         with pytest.raises(
