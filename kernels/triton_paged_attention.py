@@ -161,12 +161,24 @@ def _attention_kernel(
     )
 
 
+# Triton compiles a variant per specialization of its arguments: an integer equal to 1, or a
+# multiple of 16; a pointer 16-byte aligned or not. Neither the host integers that vary with the
+# batch nor the index tensors' addresses (views into a step's one upload, at offsets that
+# follow its sizes) are specialized on: one binary per stage serves every step, every CUDA-graph
+# bucket included, and no compile (hundreds of ms) happens under live traffic for a batch
+# composition first seen then. The index loads are scalars: alignment buys them nothing.
+NOT_SPECIALIZED = ("num_seqs", "search_steps", "stride_bt")
+NOT_SPECIALIZED_ON_ALIGNMENT = (
+    "block_tables_ptr",
+    "seq_lens_ptr",
+    "query_start_loc_ptr",
+    "tile_starts_ptr",
+)
 if HAVE_TRITON:
-    # Host integers that vary with the batch are not specialized on (Triton would compile a
-    # variant for 1 and for multiples of 16): one binary serves every CUDA-graph bucket, and no
-    # compile happens under live traffic for a batch size first seen then.
     _kernel = triton.jit(
-        _attention_kernel, do_not_specialize=["num_seqs", "search_steps", "stride_bt"]
+        _attention_kernel,
+        do_not_specialize=list(NOT_SPECIALIZED),
+        do_not_specialize_on_alignment=list(NOT_SPECIALIZED_ON_ALIGNMENT),
     )
 
 

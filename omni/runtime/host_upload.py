@@ -14,7 +14,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-_ALIGN = 8  # every array starts at a multiple of the widest element (int64, float64)
+# Every array starts 16-byte aligned (the widest element is 8): a kernel that specializes on its
+# pointers' alignment (Triton does, by default) then sees the same alignment whatever the sizes
+# of the arrays before it in the step's upload.
+_ALIGN = 16
 
 
 def upload(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
@@ -24,10 +27,7 @@ def upload(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Ten
     arrays = [np.ascontiguousarray(a) for a in arrays]
     if device.type == "cpu":
         return [torch.from_numpy(a) for a in arrays]
-    offsets, size = [], 0
-    for a in arrays:
-        offsets.append(size)
-        size += -(-a.nbytes // _ALIGN) * _ALIGN
+    offsets, size = layout(arrays)
     staging = torch.empty(max(size, _ALIGN), dtype=torch.uint8, pin_memory=True)
     host = staging.numpy()
     for a, offset in zip(arrays, offsets, strict=True):
@@ -39,3 +39,12 @@ def upload(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Ten
         view = on_device[offset : offset + a.nbytes].view(dtype)
         out.append(view.view(a.shape))
     return out
+
+
+def layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
+    """Each array's byte offset in the upload buffer (a multiple of 16), and the buffer's size."""
+    offsets, size = [], 0
+    for a in arrays:
+        offsets.append(size)
+        size += -(-a.nbytes // _ALIGN) * _ALIGN
+    return offsets, size

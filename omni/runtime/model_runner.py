@@ -121,14 +121,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """One 2-token forward before serving, so that every per-token output the stage returns
-        is discovered (and its cache allocated) before any block is cached. The first blocks are
-        free and uncached now; whatever this writes is overwritten on allocation."""
+        """A 2-token forward before serving: every per-token output the stage returns is then
+        discovered (its cache allocated) before any block is cached; and a 1-token one: the GPU
+        compiles the decode attention now, not on a live request. The first blocks are free and
+        uncached now; whatever this writes is overwritten on allocation."""
         batch = self._dummy_batch("__warm_up__", 2)
         outputs = self.model.forward(batch.model_inputs)
         if self.output_cache is not None:
             per_token = {"hidden_states": outputs.hidden_states, **outputs.extra}
             self.output_cache.discover(per_token, batch.slot_mapping.numel())
+        self.model.forward(self._dummy_batch("__warm_up__", 1).model_inputs)
 
     @torch.inference_mode()
     def profile_forward(self, num_tokens: int, num_sample_rows: int) -> None:
