@@ -141,8 +141,9 @@ def test_rows_missing_for_a_late_output_are_recomputed(qwen2_dir, prompts):
     from omni.engine import StageEngine
 
     base = make_engine(qwen2_dir, block_size=4)
-    # Steps of the wrapped model: 1 warm-up, 2 prefill of `first`, 3+ decode (1 token each).
-    model = ExtraOutputs(base.model, late_from=3)
+    # Forwards of the wrapped model: 1-2 warm-up (2 tokens, then 1), 3 prefill of `first`, 4+
+    # decode (1 token each).
+    model = ExtraOutputs(base.model, late_from=4)
     engine = StageEngine(base.config, model=model)
     assert set(engine.output_cache.caches) == {"hidden_states"}  # warm-up: "pooled" passes through
     prompt, other = sorted(prompts, key=len)[-2:]
