@@ -205,12 +205,24 @@ async def omni_request(engine: AsyncOmni, ids: list[int], params: list[SamplingP
 
 
 def counters(engine: AsyncOmni) -> dict[str, float]:
-    out: dict[str, float] = {}
+    out: dict[str, float] = {"triton compiles": float(triton_compiles())}
     for name, stats in engine.stats().items():
-        for key in ("steps", "preemptions", "busy_s"):
+        for key in ("steps", "preemptions", "busy_s", "steps_launched_ahead"):
             if isinstance(stats.get(key), int | float):
                 out[f"{name} {key}"] = float(stats[key])
     return out
+
+
+def triton_compiles() -> int:
+    """Variants of omni's Triton kernels compiled so far in this process (the local backend's
+    stages): one during a level is a compile (hundreds of ms) on a live request."""
+    from kernels import fused_activation, fused_norm, fused_rotary, triton_paged_attention
+
+    total = 0
+    for module in (triton_paged_attention, fused_norm, fused_rotary, fused_activation):
+        caches = getattr(getattr(module, "_kernel", None), "device_caches", None) or {}
+        total += sum(len(cache[0]) for cache in caches.values())
+    return total
 
 
 async def omni_level(

@@ -108,7 +108,8 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
     if levels:
         print(
             "\nomni, where the time goes: p50 s since each request was added (the stages' "
-            "timings); engine steps and preemptions during the level"
+            "timings); engine steps, preemptions, steps launched ahead and Triton kernel "
+            "variants compiled during the level"
         )
         where_header = (
             "C",
@@ -123,6 +124,8 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
             "steps " + "/".join(stages),
             "step ms " + "/".join(stages),
             "preemptions",
+            "ahead " + "/".join(stages[:2]),
+            "Triton compiles",
         )
         where = []
         for label, level in levels.items():
@@ -139,6 +142,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
                 for s in stages
             )
             pre = sum(cnt.get(f"{s} preemptions", 0.0) for s in stages)
+            ahead = "/".join(f"{cnt.get(f'{s} steps_launched_ahead', 0):.0f}" for s in stages[:2])
             where.append(
                 (
                     label,
@@ -153,6 +157,8 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
                     steps,
                     step_ms,
                     f"{pre:.0f}",
+                    ahead,
+                    f"{cnt.get('triton compiles', 0):.0f}",
                 )
             )
         table(where_header, where)
