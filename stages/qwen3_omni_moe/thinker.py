@@ -35,6 +35,7 @@ from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
 from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, StageModelBase
 from stages.causal_lm import load_kwargs
 from stages.qwen2_5_omni.encoder_cache import EncoderCache
+from stages.qwen2_5_omni.encoder_profile import largest_items, max_image_pixels
 from stages.qwen2_5_omni.mrope import Item, find_items
 from stages.qwen3_omni_moe.rope import audio_token_count, rope_index
 
@@ -97,6 +98,7 @@ class Qwen3OmniThinkerAdapter(StageModelBase):
         self.n_window = config.audio_config.n_window
         self.encoder_cache = EncoderCache(encoder_cache_bytes, encoder_cache_entries)
         self.reserved_bytes = encoder_cache_bytes
+        self.max_image_pixels = max_image_pixels(model_dir)  # what the processor resizes to
         self.encoder_runs: Counter[str] = Counter()  # "image"/"audio" -> tower calls
         self._requests: dict[str, _Request] = {}
 
@@ -227,6 +229,14 @@ class Qwen3OmniThinkerAdapter(StageModelBase):
             return_dict=True,
         )
         return out.last_hidden_state.unsqueeze(0)
+
+    @torch.inference_mode()
+    def profile_extra_work(self) -> None:
+        """A GPU stage's memory profile (omni/engine/gpu_profile.py): each encoder on its
+        largest item (the processor's largest image, 30 s of audio), whose activations are part
+        of a step's peak. Nothing cached or counted."""
+        for modality, extras in largest_items(self.model.config, self.max_image_pixels).items():
+            self._tower(modality, extras, 0)
 
 
 if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by

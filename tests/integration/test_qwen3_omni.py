@@ -241,3 +241,33 @@ def test_omni_run_output_wav(qwen3_dir, tmp_path, capsys):
     assert ref.error is None and ref.final.audio.numel() > 0 and ref.final.sample_rate == 24000
     write_wav(tmp_path / "ref.wav", ref.final.audio, 24000)
     assert path.read_bytes() == (tmp_path / "ref.wav").read_bytes()  # one process: same floats
+
+
+def test_memory_profile_runs_the_encoders_on_the_largest_items(qwen3_dir):
+    """As the Qwen2.5-Omni thinker's (tests/integration/test_omni_thinker.py): the profile runs
+    each encoder once on the largest item a prompt can bring, and leaves the cache alone."""
+    from omni.engine.stage_engine import StageEngine
+    from omni.registry import get_prompt_processor
+    from stages.qwen2_5_omni.encoder_profile import largest_items
+
+    config = config_for_model(qwen3_dir, overrides=ON_CPU)
+    engine = StageEngine(config.stages[0])
+    adapter = engine.model
+    items = largest_items(adapter.model.config, adapter.max_image_pixels)
+    largest = {m: adapter._tower(m, extras, 0).shape[1] for m, extras in items.items()}
+    proc = get_prompt_processor(config.stages[0].adapter)(qwen3_dir)
+    images = [Image.new("RGB", size, "red") for size in [(4000, 3000), (300, 2000), (900, 900)]]
+    lengths = [proc("p", {"prompt": "x", "images": [i]}).mm_inputs[0].length for i in images]
+    assert max(lengths) == largest["image"] and all(n <= largest["image"] for n in lengths)
+    speech = (np.zeros(30 * 16000, dtype=np.float32), 16000)
+    assert proc("p", {"prompt": "x", "audio": [speech]}).mm_inputs[0].length == largest["audio"]
+    longer = (np.zeros(45 * 16000, dtype=np.float32), 16000)
+    with pytest.raises(ValueError, match="longer than 30.0 s"):  # so 30 s is the largest
+        proc("p", {"prompt": "x", "audio": [longer]})
+    tower, ran = adapter._tower, []
+    adapter._tower = lambda modality, extras, index: (
+        ran.append(modality) or tower(modality, extras, index)
+    )
+    adapter.profile_extra_work()
+    assert sorted(ran) == ["audio", "image"]
+    assert adapter.encoder_runs == {} and len(adapter.encoder_cache) == 0
