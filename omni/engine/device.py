@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kernels.triton_launch import HAVE_TRITON
 from omni.config import StageConfig
 from omni.config.validate import config_error
 from omni.engine.engine import DTYPES
@@ -78,6 +79,13 @@ def resolve_device(config: StageConfig) -> torch.device:
             f"stages.{config.name}.engine.device",
             f"is cuda, but torch sees no CUDA GPU in this process (torch {torch.__version__}, "
             f"CUDA {build}); use cpu or auto, or reserve a GPU with resources.num_gpus on Ray",
+        )
+    if available and not HAVE_TRITON:  # the paged attention's CUDA kernel is Triton's
+        raise config_error(
+            f"stages.{config.name}.engine.device",
+            f"is {requested}, and torch sees a GPU, but the triton package is missing (attention "
+            "on CUDA runs a Triton kernel; torch's CUDA wheels bring it: pip install triton), "
+            "or use cpu",
         )
     return torch.device("cuda", 0) if available else CPU
 

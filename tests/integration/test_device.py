@@ -67,6 +67,11 @@ def test_resolve_device_and_dtype(monkeypatch):
     gpu = torch.device("cuda", 0)
     assert resolve_dtype(_stage(), gpu) == torch.bfloat16
     assert resolve_dtype(_stage(dtype="float32"), gpu) == torch.float32
+    # A GPU without triton (whose kernel the paged attention runs there): refused, named.
+    monkeypatch.setattr("omni.engine.device.HAVE_TRITON", False)
+    with pytest.raises(ConfigError, match=r"stages\.llm\.engine\.device: is auto, .*triton"):
+        resolve_device(_stage())
+    assert resolve_device(_stage(device="cpu")) == torch.device("cpu")
 
 
 @pytest.mark.usefixtures("no_gpu")
