@@ -112,6 +112,53 @@ def test_abort_while_a_step_is_in_flight(case):
     assert engine.kv.num_free_blocks == engine.num_blocks
 
 
+def test_a_step_ahead_that_raises_fails_its_requests_not_the_stage(case, monkeypatch):
+    """A decode step launched ahead raising, with the step before it in flight (in a stage host,
+    which turns the exception into results): every request fails naming the error, no block
+    stays held, and the stage serves the next requests with transformers' tokens."""
+    import time
+
+    from omni.host import StageHost
+    from omni.messages import Finished
+
+    model_dir, prompts, expected = case
+    engine = make_engine(model_dir, **ASYNC)
+    graphs, calls = engine.runner.decode_graphs, [0]
+    run = graphs.run
+
+    def breaks_on_the_third_step_ahead(*args, **kwargs):
+        fed_ids = args[4] if len(args) > 4 else kwargs.get("fed_ids")
+        calls[0] += fed_ids is not None  # launched before the last step's ids were read
+        if calls[0] == 3 and fed_ids is not None:
+            raise RuntimeError("the step ahead fell over")
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(graphs, "run", breaks_on_the_third_step_ahead)
+    host = StageHost(engine.config, {}, engine=engine)
+
+    def finished(num: int) -> dict:
+        results, deadline = {}, time.monotonic() + 60
+        while len(results) < num and time.monotonic() < deadline:
+            for event in host.poll(0.5):
+                if isinstance(event, Finished):
+                    results[event.result.request_id] = event.result
+        assert len(results) == num, results
+        return results
+
+    try:
+        host.submit([StageInput(f"f{i}", p, GREEDY) for i, p in enumerate(prompts[:4])])
+        failed = finished(4)
+        errors = {i: (r.error, r.finish_reason, len(r.token_ids)) for i, r in failed.items()}
+        assert all("the step ahead fell over" in (r.error or "") for r in failed.values()), errors
+        assert engine.kv.num_free_blocks == engine.num_blocks and not engine.has_unfinished
+        host.submit([StageInput(f"g{i}", p, GREEDY) for i, p in enumerate(prompts[:4])])
+        served = finished(4)
+        assert [served[f"g{i}"].token_ids for i in range(4)] == expected[:4]
+        assert host.alive and engine.stats()["steps_launched_ahead"] > 4
+    finally:
+        host.shutdown()
+
+
 def test_seeded_samples_equal_the_synchronous_engine(qwen2_dir, case):
     _, prompts, _ = case
     params = [
