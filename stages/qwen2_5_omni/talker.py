@@ -198,9 +198,10 @@ class OmniTalkerAdapter(StageModelBase):
     def decode_prepare(
         self, scheduled: list[ScheduledRequest], positions: np.ndarray
     ) -> DecodeInputs | None:
-        """Decode tokens of running requests whose prompt codes are marked: the same plan as
-        forward's, its text rows gathered here (the arena may move between steps, so the body
-        reads them from the graph's buffer). Anything else runs eagerly."""
+        """Decode tokens of running requests whose prompt codes are marked, or of bare codec
+        prompts: the same plan as forward's, its text rows gathered here (the arena may move
+        between steps, so the body reads them from the graph's buffer). Anything else runs
+        eagerly."""
         states = [self._states.get(e.request_id) for e in scheduled]
         for entry, state in zip(scheduled, states, strict=True):
             if entry.is_new or len(entry.token_ids) != 1:
