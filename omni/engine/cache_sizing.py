@@ -217,11 +217,15 @@ def check_gpu_num_blocks(
     step_bytes: int = 0,
     host_block_bytes: int = 0,
     host_available_bytes: int | None = None,
+    share: tuple[float, int, int] | None = None,
 ) -> int:
     """An explicit engine.num_blocks on a GPU stage: its GPU bytes plus step_bytes (what a
     step allocates and frees again, and what the adapter may come to hold: the profile's
     activations and reserve) must be free now (weights loaded), and its host-side output rows
-    available; a ConfigError stating the bytes if not."""
+    available; share (gpu_memory_utilization, the GPU's total bytes, the stage's peak without
+    its pool): the pool must also fit in the stage's share, so that stages starting at once on
+    one GPU (Ray actors, each reading the same free memory) cannot take more than their shares
+    together. A ConfigError stating the bytes if not."""
     where = f"stage {config.name!r}: stages.{config.name}.engine.num_blocks={num_blocks}"
     need = num_blocks * block_bytes
     if need + step_bytes > free_bytes:
@@ -231,6 +235,17 @@ def check_gpu_num_blocks(
             f"{free_bytes:,} bytes are free after loading the weights; lower it, or leave it "
             "null to size the pool from engine.gpu_memory_utilization"
         )
+    if share is not None:
+        utilization, total_bytes, peak_bytes = share
+        limit = int(utilization * total_bytes)
+        if need + peak_bytes > limit:
+            raise ConfigError(
+                f"{where} needs {need:,} bytes of GPU memory ({block_bytes:,} per block), plus "
+                f"{peak_bytes:,} for the weights, a step's activations and the adapter's "
+                f"reserve: more than the stage's share, gpu_memory_utilization={utilization:g} "
+                f"of {total_bytes:,} bytes ({limit:,}), which keeps it clear of the other stages "
+                "on its GPU; lower num_blocks, or raise gpu_memory_utilization"
+            )
     if host_block_bytes > 0:
         available = (
             available_memory_bytes() if host_available_bytes is None else host_available_bytes

@@ -134,6 +134,7 @@ def gpu_pool_num_blocks(
             block_bytes=gpu_block,
             step_bytes=footprint.activation_bytes + footprint.reserved_bytes,
             host_block_bytes=host_block,
+            share=(gpu_memory_utilization(config), footprint.total_bytes, footprint.peak_bytes),
         )
     return gpu_num_blocks(
         config,

@@ -91,6 +91,19 @@ def test_explicit_num_blocks_on_a_gpu_is_checked_against_free_memory():
         )
 
 
+def test_explicit_num_blocks_on_a_gpu_must_fit_in_the_stage_share():
+    """Free memory alone is not enough: Ray actors starting at once on one GPU all read the same
+    free memory; within their shares (summing to at most 0.95) they cannot collide."""
+    stage = _stage(num_blocks=1000, gpu_memory_utilization=0.3)
+    fits = dict(num_blocks=1000, free_bytes=8 * GiB, block_bytes=MiB)
+    assert check_gpu_num_blocks(stage, **fits, share=(0.3, 8 * GiB, GiB)) == 1000
+    with pytest.raises(ConfigError) as caught:
+        check_gpu_num_blocks(stage, **fits, share=(0.3, 8 * GiB, 2 * GiB))  # 2 + 0.98 > 2.4
+    message = str(caught.value)
+    assert "stages.llm.engine.num_blocks=1000 needs 1,048,576,000 bytes" in message
+    assert "gpu_memory_utilization=0.3 of 8,589,934,592 bytes (2,576,980,377)" in message
+
+
 def test_gpu_memory_utilization_defaults():
     assert gpu_memory_utilization(_stage(gpu_memory_utilization=0.3)) == 0.3
     assert gpu_memory_utilization(_stage()) == 0.9
