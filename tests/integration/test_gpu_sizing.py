@@ -157,6 +157,13 @@ def test_engine_gpu_sizing_wiring_with_injected_numbers(qwen2_dir):
     gpu.free = 10 * kv + 2 * MiB - 1
     with pytest.raises(ConfigError, match=f"plus {2 * MiB:,} for a step's activations"):
         gpu_pool_num_blocks("cpu")
+    # ... and, with the weights and that step, fit in the stage's share (0.5 of 10 GiB).
+    gpu.free = 10 * GiB
+    engine.config = _replace_engine(engine.config, num_blocks=budget // kv + 1)
+    with pytest.raises(ConfigError, match=r"more than the stage's share, gpu_memory_utiliz"):
+        gpu_pool_num_blocks("cpu")
+    engine.config = _replace_engine(engine.config, num_blocks=budget // kv)
+    assert gpu_pool_num_blocks("cpu") == budget // kv
 
 
 def _replace_engine(config, **changes):
