@@ -26,8 +26,8 @@ def num_compiled() -> int:
 @pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "graphs"])
 def test_live_steps_compile_no_attention_kernel(qwen2_dir, cuda_graphs):
     engine = make_engine(
-        qwen2_dir, device="cuda", dtype="bfloat16", block_size=4, max_num_seqs=24,
-        cuda_graphs=cuda_graphs,
+        qwen2_dir, device="cuda", dtype="bfloat16", block_size=4, num_blocks=512,
+        max_model_len=128, max_num_seqs=24, cuda_graphs=cuda_graphs,
     )  # fmt: skip
     started = num_compiled()
     assert started > 0  # the warm-up ran the kernels
