@@ -133,8 +133,13 @@ def strong(omni_dir) -> OmniReference:
 
 @pytest.mark.parametrize(
     "engine_kwargs",
-    [{}, {"cuda_graphs": True}, {"cuda_graphs": True, "async_scheduling": True}],
-    ids=["eager", "padded-decode", "ahead"],
+    [
+        {},
+        {"cuda_graphs": True},
+        {"cuda_graphs": True, "async_scheduling": True},
+        {"cuda_graphs": True, "async_scheduling": True, "num_blocks": 16},
+    ],
+    ids=["eager", "padded-decode", "ahead", "ahead-preempted"],
 )
 def test_talker_penalty_over_generated_codes_equals_transformers(
     omni_dir, refs, strong, engine_kwargs
@@ -149,8 +154,10 @@ def test_talker_penalty_over_generated_codes_equals_transformers(
         engine.add_request(dataclasses.replace(stage_input, extras=extras))
     results = engine.run_until_done()
     assert [r.token_ids for r in results] == [strong.codes] * 2
-    launched_ahead = engine.stats()["steps_launched_ahead"]
-    assert (launched_ahead > 0) == engine_kwargs.get("async_scheduling", False)
+    stats = engine.stats()
+    assert (stats["steps_launched_ahead"] > 0) == engine_kwargs.get("async_scheduling", False)
+    if "num_blocks" in engine_kwargs:  # recomputed after preemption: the history stays
+        assert stats["preemptions"] > 0, stats
 
 
 def test_talker_rejects_bad_extras(omni_dir, refs):
