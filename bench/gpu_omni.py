@@ -217,12 +217,10 @@ def triton_compiles() -> int:
     """Variants of omni's Triton kernels compiled so far in this process (the local backend's
     stages): one during a level is a compile (hundreds of ms) on a live request."""
     from kernels import fused_activation, fused_norm, fused_rotary, triton_paged_attention
+    from kernels.triton_launch import num_compiled
 
-    total = 0
-    for module in (triton_paged_attention, fused_norm, fused_rotary, fused_activation):
-        caches = getattr(getattr(module, "_kernel", None), "device_caches", None) or {}
-        total += sum(len(cache[0]) for cache in caches.values())
-    return total
+    modules = (triton_paged_attention, fused_norm, fused_rotary, fused_activation)
+    return sum(num_compiled(module._kernel) for module in modules)
 
 
 async def omni_level(

@@ -43,6 +43,13 @@ def jit(fn: Callable) -> Any:
     return triton.jit(fn) if HAVE_TRITON else None
 
 
+def num_compiled(kernel: Any) -> int:
+    """Variants of a jitted kernel compiled so far in this process, on every device (0 without
+    Triton, or before its first launch): each specialization key is a compile of its own."""
+    caches = getattr(kernel, "device_caches", None) or {}
+    return sum(len(cache[0]) for cache in caches.values())
+
+
 @contextlib.contextmanager
 def _interpreted(kernel: Any) -> Iterator[Any]:
     """The interpreted form of a jitted kernel, with every JITFunction call made while it runs
