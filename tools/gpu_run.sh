@@ -8,7 +8,8 @@
 #
 # Parts: cuda (the `cuda` tests, in one process), suite (the rest but Ray, 12 workers),
 # decode (bench/gpu.py's decoder parts with the profiler), host (bench/host_step.py), fused
-# (bench/fused_kernels.py: fused layers against transformers' at B=16), omni
+# (bench/fused_kernels.py: fused layers against transformers' at B=16), split
+# (bench/split_kv.py: the attention's keys split over programs or not, per layer), omni
 # (bench/gpu.py's Qwen2.5-Omni 7B parts), omni-ahead (the same, thinker and talker steps
 # launched ahead, transformers' side skipped), qwen3 (bench/gpu.py --family qwen3_omni_moe, cut to
 # 24 thinker layers), ray (the `ray` tests, then tools/ray_gpu_check.py: stages on Ray with the
@@ -68,6 +69,8 @@ run_one() {
   host) run_part host 60 python3 bench/host_step.py --batch 16,64 ;;
   # Fused Triton kernels against transformers' modules, eager and replayed (issue 20 item 2).
   fused) run_part fused 120 python3 bench/fused_kernels.py --batch 16 --context 512 ;;
+  # The attention with and without its keys split (kernels/split_kv.py), graph-replayed.
+  split) run_part split 120 python3 bench/split_kv.py ;;
   omni) run_part omni 330 python3 bench/gpu.py --skip decode --skip prefix --skip steps \
     --hf-requests 2 --single 2 --requests 16 --warmup 1 ;;
   # The same with the thinker's and talker's steps launched ahead (engine.async_scheduling).

@@ -36,6 +36,9 @@ class AttentionMetadata:
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (key_cache, value_cache)
     plan: PagedAttentionPlan | None = None  # kernels.paged_attention.make_plan(...) result
     max_seq_len: int | None = None  # None: not known on the host (sliding-window check only)
+    # A bound of every seq_lens entry known on the host (a CUDA graph's: max_model_len): with
+    # it, the Triton kernel splits the keys of a grid too small for the GPU (kernels/split_kv).
+    max_context: int | None = None
     # Derived device tensors the Triton kernel computes at the first layer and reuses after.
     kernel_cache: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
     # Pure decode batches only: arange(num_seqs + 1) int32, the Triton kernel's tile table.
@@ -51,11 +54,13 @@ class AttentionMetadata:
         block_tables: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         block_size: int,
+        max_context: int | None = None,
     ) -> "AttentionMetadata":
         """Metadata for every layer of the step. With the caches on a CUDA device and triton
         importable, the index tensors go to that device (no-op when already there) and no plan
         is built: the Triton kernel needs none, and nothing here waits for the device.
-        Otherwise the torch path's plan is precomputed once here."""
+        Otherwise the torch path's plan is precomputed once here. max_context: the step's
+        longest sequence, where the caller knows it on the host (else computed when it can)."""
         slot_mapping = torch.as_tensor(slot_mapping, dtype=torch.int64)
         query_start_loc = torch.as_tensor(query_start_loc, dtype=torch.int64)
         seq_lens = torch.as_tensor(seq_lens, dtype=torch.int64)
@@ -83,8 +88,17 @@ class AttentionMetadata:
             plan = None
         else:
             plan = make_plan(block_tables, seq_lens, query_start_loc, block_size)
+        if max_context is None:
+            max_context = max_seq_len
         return cls(
-            slot_mapping, query_start_loc, seq_lens, block_tables, kv_caches, plan, max_seq_len
+            slot_mapping,
+            query_start_loc,
+            seq_lens,
+            block_tables,
+            kv_caches,
+            plan,
+            max_seq_len,
+            max_context=max_context,
         )
 
 
@@ -152,6 +166,7 @@ def paged_attention_forward(
             scaling,
             step_cache=meta.kernel_cache,
             tile_starts=meta.decode_tile_starts,
+            max_context=meta.max_context,
         )
     else:
         out = paged_attention(

@@ -88,6 +88,7 @@ def pack_batch(
         block_tables=tables_t,
         kv_caches=kv_caches,
         block_size=bs,
+        max_context=int(seq_lens.max()) if num_seqs else 0,
     )
     inputs = ModelInputs(
         input_ids=input_ids,

@@ -200,9 +200,8 @@ class DecodeGraphs:
             host[SEQ_LENS, :2] = (positions[-1] + 1, num_padding)
             host[QUERY_STARTS, :3] = (0, n, shape[1])
             host[POSITIONS:, n : shape[1]] = np.arange(num_padding)
-            tables[1, : -(-num_padding // bs)] = self.scratch_block + np.arange(
-                -(-num_padding // bs)
-            )
+            num_blocks = -(-num_padding // bs)
+            tables[1, :num_blocks] = self.scratch_block + np.arange(num_blocks)
         host_slots = torch.from_numpy(slots.copy())
         if self._dev is not self._host:
             self._dev.copy_(self._host, non_blocking=True)
@@ -238,6 +237,7 @@ class DecodeGraphs:
             seq_lens=dev[SEQ_LENS, :num_seqs],
             block_tables=self._dev_tables[:num_seqs],
             kv_caches=self.kv_caches,
+            max_context=self._dev_tables.shape[1] * self.block_size,  # any replay's bound
         )
         if static:
             tile_starts = self._tile_starts[: num_seqs + 1] if decode else None

@@ -71,10 +71,9 @@ class ModelRunner:
         max_num_batched_tokens: int = 1,
         max_model_len: int = 1,
     ) -> None:
-        """device: where the KV cache, inputs and metadata live (None: the CPU); the model's
-        weights must be there already. padded_decode: run decode steps and short sampled suffixes
-        padded to fixed shapes (omni/runtime/decode_graphs.py; on a GPU, replayed as CUDA graphs
-        once capture_decode_graphs ran); the model must have no decode blocker."""
+        """device: where the KV cache, inputs and metadata live (None: the CPU; the weights are
+        there). padded_decode: decode steps and short sampled suffixes padded to fixed shapes
+        (omni/runtime/decode_graphs.py; CUDA graphs once capture_decode_graphs ran on a GPU)."""
         self.model = model
         self.block_size = block_size
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -122,15 +121,17 @@ class ModelRunner:
     @torch.inference_mode()
     def warm_up(self) -> None:
         """A 2-token forward before serving: every per-token output the stage returns is then
-        discovered (its cache allocated) before any block is cached; and a 1-token one: the GPU
-        compiles the decode attention now, not on a live request. The first blocks are free and
-        uncached now; whatever this writes is overwritten on allocation."""
+        discovered (its cache allocated) before any block is cached; and a 1-token one, bound
+        to max_model_len: the GPU compiles the decode attention and its key-split combine now,
+        not on a live request. Whatever this writes (free, uncached blocks) is overwritten."""
         batch = self._dummy_batch("__warm_up__", 2)
         outputs = self.model.forward(batch.model_inputs)
         if self.output_cache is not None:
             per_token = {"hidden_states": outputs.hidden_states, **outputs.extra}
             self.output_cache.discover(per_token, batch.slot_mapping.numel())
-        self.model.forward(self._dummy_batch("__warm_up__", 1).model_inputs)
+        decode = self._dummy_batch("__warm_up__", 1).model_inputs
+        decode.attn.max_context = self.block_tables.table.shape[1] * self.block_size
+        self.model.forward(decode)
 
     @torch.inference_mode()
     def profile_forward(self, num_tokens: int, num_sample_rows: int) -> None:
@@ -216,8 +217,7 @@ class ModelRunner:
             hidden = outputs.hidden_states
             if len(batch.sample_ids) != hidden.shape[0]:  # else every row samples: no gather
                 hidden = hidden.index_select(0, batch.sample_rows)
-            # The entries that sample, in order (as batch.sample_ids).
-            sampled = [e for e in scheduled if e.sample]
+            sampled = [e for e in scheduled if e.sample]  # in order, as batch.sample_ids
             params = [p for e, p in zip(scheduled, tracked.params, strict=True) if e.sample]
         if self.output_cache is not None:
             per_token = {"hidden_states": outputs.hidden_states, **outputs.extra}

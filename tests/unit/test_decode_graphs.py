@@ -121,10 +121,24 @@ def test_padding_rows_write_scratch_only(qwen2_dir):
 # 2.11, triton 3.6), the interpreted launch fails there ("only 0-dimensional arrays can be
 # converted to Python scalars"); tests/cuda/test_cuda_graphs.py runs the compiled kernel.
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test; the GPU runs compiled")
-def test_triton_path_takes_the_static_metadata(qwen2_dir, monkeypatch):
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split-kv"])
+def test_triton_path_takes_the_static_metadata(qwen2_dir, monkeypatch, split):
     """With the Triton kernel forced on the CPU (interpreted), padded steps run on exactly the
-    metadata a graph captures (static tile table, fixed-width tables): same tokens."""
+    metadata a graph captures (static tile table, fixed-width tables): same tokens. split-kv:
+    on a GPU's SM count, the graph's context bound (max_model_len) splits every step's keys,
+    4 shares of 64 keys or more here: the 200-token contexts fill several, short ones one."""
+    from kernels import split_kv
     from omni.runtime import attention
+
+    combined: list[int] = []
+    if split:
+        monkeypatch.setattr(split_kv, "num_sms", lambda device: 132)
+        monkeypatch.setattr(split_kv, "MIN_SHARE", 64)
+        monkeypatch.setattr(split_kv, "MAX_SPLITS", 4)  # the interpreter runs every program
+        combine = split_kv.combine_splits
+        monkeypatch.setattr(
+            split_kv, "combine_splits", lambda *a: combined.append(a[0].shape[0]) or combine(*a)
+        )
 
     prompts = shared_prefix_prompts(200, num_prompts=3)[:3]
     params = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -148,6 +162,7 @@ def test_triton_path_takes_the_static_metadata(qwen2_dir, monkeypatch):
     assert got[0].token_ids == run_engine(plain, longer, params, prefix="s")[0].token_ids
     assert got[0].num_cached_tokens > 0
     assert all(static for _, static in seen) and {(4, 4), (2, 16)} <= {s for s, _ in seen}
+    assert min(combined) > 1 if split else combined == [], combined
 
 
 class _Blocked:

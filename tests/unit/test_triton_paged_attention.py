@@ -191,6 +191,7 @@ def test_compiles_for_sm90_without_a_gpu():
         GROUP_PAD=8,
         BLOCK_Q=8,
         BLOCK_N=64,
+        MIN_SHARE=256,
         FP32_DOT=False,
         PRECISION="tf32",
     )
@@ -200,6 +201,8 @@ def test_compiles_for_sm90_without_a_gpu():
             signature[name] = "constexpr"
         elif name in pointers:
             signature[name] = pointers[name]
+        elif name.startswith("part_"):
+            signature[name] = "*fp32"
         elif name == "block_tables_ptr":
             signature[name] = "*i64"
         elif name.endswith("_ptr"):
