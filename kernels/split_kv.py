@@ -40,6 +40,11 @@ def num_kv_splits(num_programs: int, max_context: int | None, num_sms: int) -> i
     return max(1, min(by_occupancy, max_context // MIN_SHARE, MAX_SPLITS))
 
 
+def unsplit_context() -> int:
+    """The longest context bound num_kv_splits never splits for (under two shares)."""
+    return 2 * MIN_SHARE - 1
+
+
 @functools.cache
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device; 0 elsewhere (no split by default)."""

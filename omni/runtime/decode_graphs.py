@@ -36,41 +36,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from kernels.split_kv import num_sms, unsplit_context
 from omni.core.scheduler_output import ScheduledRequest
 from omni.runtime import attention
 from omni.runtime.attention import AttentionMetadata
 from omni.runtime.block_tables import BlockTables
 from omni.runtime.graph_cache import capture_graph
+from omni.runtime.graph_shapes import (
+    Shape,
+    batch_ladder,
+    max_suffix_tokens,
+    splits_keys,
+    suffix_ladder,
+)
 from omni.runtime.stage_model import ModelOutputs, StageModel
 
 logger = logging.getLogger(__name__)
 
-SUFFIX_SIZES = (16, 32, 64, 128, 256)
 IDS, SLOTS, SEQ_LENS, QUERY_STARTS, POSITIONS = range(5)  # rows of the staging buffer
-Shape = tuple[int, int]  # (num_seqs, num_tokens)
-
-
-def batch_ladder(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 8 up to max_num_seqs (which is always the last)."""
-    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs]
-    sizes += list(range(16, max_num_seqs, 8))
-    return [*sizes, max_num_seqs]
-
-
-def suffix_ladder(max_suffix_tokens: int) -> list[int]:
-    """Suffix sizes up to min(max_num_batched_tokens, max_model_len): a step feeds no more, and
-    the padding sequence's block table must fit the table width."""
-    return [t for t in SUFFIX_SIZES if t <= max_suffix_tokens]
-
-
-def max_suffix_tokens(model: StageModel, max_num_batched_tokens: int, max_model_len: int) -> int:
-    """The longest suffix a step may pad (0: the model takes decode batches only)."""
-    return min(max_num_batched_tokens, max_model_len) if model.decode_suffixes else 0
-
-
-def num_scratch_blocks(max_num_seqs: int, max_suffix_tokens: int, block_size: int) -> int:
-    """KV blocks past the pool that hold the padding tokens' keys (one slot per padding row)."""
-    return -(-max(max_num_seqs, *suffix_ladder(max_suffix_tokens), 1) // block_size)
 
 
 @dataclass
@@ -110,6 +93,7 @@ class DecodeGraphs:
         self.scratch_block = num_blocks
         width = max(self.batch_sizes[-1] + 1, *self.suffix_sizes, 3)
         max_blocks = -(-max_model_len // block_size)
+        self.bound = max_blocks * block_size  # every replay's bound of a context
         on_gpu = device.type == "cuda"
         host = torch.zeros((POSITIONS + model.decode_position_rows, width), dtype=torch.int64)
         tables = torch.zeros((self.batch_sizes[-1] + 1, max_blocks), dtype=torch.int64)
@@ -130,8 +114,9 @@ class DecodeGraphs:
         self._arange = torch.arange(width, device=device)  # a decode step's query starts
         self._tile_starts = torch.arange(width, dtype=torch.int32, device=device)
         self._uploaded: Any = None  # CUDA event after the last step's host-to-device copies
-        self._graphs: dict[Shape, Any] = {}  # shape -> torch.cuda.CUDAGraph
-        self._graph_outputs: dict[Shape, ModelOutputs] = {}
+        # (shape, long) -> torch.cuda.CUDAGraph; long: some context past unsplit_context()
+        self._graphs: dict[tuple[Shape, bool], Any] = {}
+        self._graph_outputs: dict[tuple[Shape, bool], ModelOutputs] = {}
         self.capture_s = 0.0
         self.capture_bytes = 0
         self.num_graph_steps = 0  # replays
@@ -210,23 +195,26 @@ class DecodeGraphs:
             self._uploaded.record()  # re-recorded each step, once the last one was waited for
         if fed_ids is not None:
             self._dev[IDS, :n].copy_(fed_ids)
-        graph = self._graphs.get(shape)
+        long = int(positions.max()) + 1 > unsplit_context()
+        key = (shape, long) if (shape, long) in self._graphs else (shape, False)
+        graph = self._graphs.get(key)
         if graph is not None:
             graph.replay()
-            outputs = self._graph_outputs[shape]
+            outputs = self._graph_outputs[key]
             self.num_graph_steps += 1
         else:  # the Triton path takes the graph's metadata as it is (tests force it on CPU)
-            outputs = self._forward(shape, static=attention.uses_triton(self.device))
+            outputs = self._forward(shape, long, static=attention.uses_triton(self.device))
         self.num_padded_steps += 1
         self.num_padded_rows += num_padding
         real = ModelOutputs(outputs.hidden_states[:n], {k: v[:n] for k, v in outputs.extra.items()})
         sample = real.hidden_states if decode else real.hidden_states[n - 1 :]
         return GraphStep(real, sample, host_slots, self._dev_slots[:n])
 
-    def _forward(self, shape: Shape, *, static: bool) -> ModelOutputs:
-        """The adapter's body on the device buffers at this shape. static: the metadata a graph
-        bakes in (no host plan); else built per step (the CPU's torch path needs a host plan of
-        the step's values)."""
+    def _forward(self, shape: Shape, long: bool, *, static: bool) -> ModelOutputs:
+        """The adapter's body on the device buffers at this shape. long: some context may be
+        past unsplit_context() (the attention may split its keys; short steps never do).
+        static: the metadata a graph bakes in (no host plan); else built per step (the CPU's
+        torch path needs a host plan of the step's values)."""
         num_seqs, num_tokens = shape
         dev = self._dev
         decode = num_seqs == num_tokens
@@ -237,7 +225,7 @@ class DecodeGraphs:
             seq_lens=dev[SEQ_LENS, :num_seqs],
             block_tables=self._dev_tables[:num_seqs],
             kv_caches=self.kv_caches,
-            max_context=self._dev_tables.shape[1] * self.block_size,  # any replay's bound
+            max_context=self.bound if long else None,
         )
         if static:
             tile_starts = self._tile_starts[: num_seqs + 1] if decode else None
@@ -257,12 +245,18 @@ class DecodeGraphs:
         start = time.perf_counter()
         reserved = torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
-        for shape in sorted(self.shapes, key=lambda s: s[1], reverse=True):
+        kv_heads = self.kv_caches[0][0].shape[2]
+        splits = {
+            s: splits_keys(s, self.bound, kv_heads, num_sms(self.device)) for s in self.shapes
+        }
+        keys = [(s, long) for s in self.shapes for long in (False, True)[: 1 + splits[s]]]
+        for shape, long in sorted(keys, key=lambda k: k[0][1], reverse=True):
             self._fill_padding(shape)
             self._dev.copy_(self._host)
             self._dev_tables.copy_(self._host_tables)
-            run = functools.partial(self._forward, shape, static=True)
-            self._graphs[shape], self._graph_outputs[shape] = capture_graph(run, self.device, pool)
+            run = functools.partial(self._forward, shape, long, static=True)
+            graph, outputs = capture_graph(run, self.device, pool)
+            self._graphs[shape, long], self._graph_outputs[shape, long] = graph, outputs
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - start
         self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved

@@ -27,12 +27,8 @@ from omni.core.scheduler_output import RunnerOutput, ScheduledRequest, Scheduler
 from omni.runtime.attention import allocate_kv_caches
 from omni.runtime.batch_packing import PackedBatch, pack_batch
 from omni.runtime.block_tables import BlockTables
-from omni.runtime.decode_graphs import (
-    DecodeGraphs,
-    GraphStep,
-    max_suffix_tokens,
-    num_scratch_blocks,
-)
+from omni.runtime.decode_graphs import DecodeGraphs, GraphStep
+from omni.runtime.graph_shapes import max_suffix_tokens, num_scratch_blocks
 from omni.runtime.host_upload import upload
 from omni.runtime.launched_step import FedIds, LaunchedStep
 from omni.runtime.output_cache import OutputCache

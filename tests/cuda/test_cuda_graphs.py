@@ -14,7 +14,7 @@ from transformers import AutoConfig
 
 from omni.core.sampling_params import SamplingParams
 from omni.messages import StageInput
-from omni.runtime.decode_graphs import batch_ladder, suffix_ladder
+from omni.runtime.graph_shapes import batch_ladder, suffix_ladder
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 

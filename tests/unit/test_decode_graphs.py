@@ -13,7 +13,7 @@ from omni.config import ConfigError, load_config
 from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler_output import ScheduledRequest
 from omni.engine.graph_plan import padded_decode
-from omni.runtime.decode_graphs import batch_ladder, num_scratch_blocks, suffix_ladder
+from omni.runtime.graph_shapes import batch_ladder, num_scratch_blocks, splits_keys, suffix_ladder
 
 CPU = torch.device("cpu")
 
@@ -126,14 +126,14 @@ def test_triton_path_takes_the_static_metadata(qwen2_dir, monkeypatch, split):
     """With the Triton kernel forced on the CPU (interpreted), padded steps run on exactly the
     metadata a graph captures (static tile table, fixed-width tables): same tokens. split-kv:
     on a GPU's SM count, the graph's context bound (max_model_len) splits every step's keys,
-    4 shares of 64 keys or more here: the 200-token contexts fill several, short ones one."""
+    4 shares of 16 keys or more here (a 64-key tile each): 5 to 120-token contexts."""
     from kernels import split_kv
     from omni.runtime import attention
 
     combined: list[int] = []
     if split:
         monkeypatch.setattr(split_kv, "num_sms", lambda device: 132)
-        monkeypatch.setattr(split_kv, "MIN_SHARE", 64)
+        monkeypatch.setattr(split_kv, "MIN_SHARE", 16)
         monkeypatch.setattr(split_kv, "MAX_SPLITS", 4)  # the interpreter runs every program
         combine = split_kv.combine_splits
         monkeypatch.setattr(
@@ -149,9 +149,9 @@ def test_triton_path_takes_the_static_metadata(qwen2_dir, monkeypatch, split):
     seen = []
     forward = engine.runner.decode_graphs._forward
 
-    def spy(shape, *, static):
-        seen.append((shape, static))
-        return forward(shape, static=static)
+    def spy(shape, long, *, static):
+        seen.append((shape, long, static))
+        return forward(shape, long, static=static)
 
     monkeypatch.setattr(engine.runner.decode_graphs, "_forward", spy)
     got = run_engine(engine, prompts, params)
@@ -161,7 +161,9 @@ def test_triton_path_takes_the_static_metadata(qwen2_dir, monkeypatch, split):
     got = run_engine(engine, longer, params, prefix="s")
     assert got[0].token_ids == run_engine(plain, longer, params, prefix="s")[0].token_ids
     assert got[0].num_cached_tokens > 0
-    assert all(static for _, static in seen) and {(4, 4), (2, 16)} <= {s for s, _ in seen}
+    assert all(static for *_, static in seen) and {(4, 4), (2, 16)} <= {s for s, *_ in seen}
+    # Long steps (a context past two shares: 511 keys, 31 here) may split; short ones never.
+    assert any(long for _, long, _ in seen) == split
     assert min(combined) > 1 if split else combined == [], combined
 
 
@@ -191,3 +193,13 @@ def test_plan_defaults_and_errors(qwen2_dir):
         padded_decode(_stage(cuda_graphs=True), _Blocked(), cuda)
     with pytest.raises(ConfigError, match="cuda_graphs"):
         _stage(cuda_graphs="yes")
+
+
+def test_which_shapes_get_a_long_context_graph():
+    """A second graph (keys split) only where a long context would split them: a bound past two
+    shares, and a grid under the SM count (a decode batch: B x kv heads; a suffix: always)."""
+    assert splits_keys((2, 16), 4096, 2, 132) and splits_keys((1, 1), 4096, 2, 132)
+    assert splits_keys((16, 16), 4096, 2, 132)  # 32 programs
+    assert not splits_keys((64, 64), 4096, 4, 132)  # 256 programs fill an H100
+    assert not splits_keys((1, 1), 511, 2, 132) and not splits_keys((2, 16), 511, 2, 132)
+    assert not splits_keys((1, 1), 4096, 2, 0)  # no SM count: never split
