@@ -79,7 +79,8 @@ def _combine_kernel(
     acc = tl.zeros((HEAD_DIM_PAD,), dtype=tl.float32)
     for s in range(0, num_splits):
         lse = tl.load(part_lse_ptr + s * num_rows + row)
-        o = tl.load(part_out_ptr + (s * num_rows + row) * HEAD_DIM + d, mask=d_ok, other=0.0)
+        part = (s * num_rows + row).to(tl.int64) * HEAD_DIM
+        o = tl.load(part_out_ptr + part + d, mask=d_ok, other=0.0)
         w = tl.exp2(lse - m)
         total += w
         acc += w * o
