@@ -12,7 +12,7 @@ import pytest
 from helpers import make_engine
 
 import kernels.triton_paged_attention as tpa
-from kernels import triton_launch
+from kernels import split_kv, triton_launch
 from omni.core.sampling_params import SamplingParams
 from omni.messages import StageInput
 
@@ -20,19 +20,25 @@ pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 
 
 def num_compiled() -> int:
-    """Variants of the attention kernel compiled in this process, on every device."""
-    return triton_launch.num_compiled(tpa._kernel)
+    """Variants of the attention kernel and its split-KV combine compiled in this process, on
+    every device."""
+    return triton_launch.num_compiled(tpa._kernel) + triton_launch.num_compiled(split_kv._combine)
 
 
+@pytest.mark.parametrize("long", [False, True], ids=["short", "split-kv"])
 @pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "graphs"])
-def test_live_steps_compile_no_attention_kernel(qwen2_dir, cuda_graphs):
+def test_live_steps_compile_no_attention_kernel(qwen2_dir, cuda_graphs, long):
+    """split-kv: contexts past two shares (512 keys), so steps split their keys (eager: by the
+    step's longest sequence; graphs: the long-context graphs)."""
     engine = make_engine(
-        qwen2_dir, device="cuda", dtype="bfloat16", block_size=4, num_blocks=512,
-        max_model_len=128, max_num_seqs=24, cuda_graphs=cuda_graphs,
+        qwen2_dir, device="cuda", dtype="bfloat16", block_size=4, num_blocks=4096 if long else 512,
+        max_model_len=1024 if long else 128, max_num_seqs=24, cuda_graphs=cuda_graphs,
     )  # fmt: skip
     started = num_compiled()
     assert started > 0  # the warm-up ran the kernels
     lengths = [1, 2, 3, 8, 15, 16, 17, 31, 32, 33, 5, 6, 7, 9, 10, 11, 12, 13, 14, 18]
+    if long:
+        lengths = [n + 600 for n in lengths]
     for round_ in range(2):  # the second round hits the first one's cached prefixes
         for i, n in enumerate(lengths):
             ids = [(7 * i + j) % 500 + 3 for j in range(n)]
