@@ -140,3 +140,22 @@ def test_cuda_split_bf16_and_default_choice(heads):
     check(LONG_DECODE, heads=heads, head_dim=128, dtype=torch.bfloat16, num_splits=6)
     check([(1, 2000)], heads=heads, head_dim=128, dtype=torch.bfloat16, max_context=2000)
     assert split_kv.num_kv_splits(heads[1], 2000, split_kv.num_sms(torch.device("cuda"))) > 1
+
+
+@cpu_only
+def test_warm_up_compiles_the_split_path(qwen2_dir, monkeypatch):
+    """The warm-up's 1-token step is bound to max_model_len: with graphs off, a GPU compiles
+    the split path (the combine kernel) at start-up, not on the first long request."""
+    from helpers import make_engine
+
+    from omni.runtime import attention
+
+    monkeypatch.setattr(attention, "uses_triton", lambda device: True)
+    monkeypatch.setattr(split_kv, "num_sms", lambda device: 132)
+    combined = []
+    combine = split_kv.combine_splits
+    monkeypatch.setattr(
+        split_kv, "combine_splits", lambda *a: combined.append(a[0].shape[0]) or combine(*a)
+    )
+    make_engine(qwen2_dir, device="cpu", block_size=16, max_model_len=1024)
+    assert combined and min(combined) > 1  # the 1-token step, every layer
