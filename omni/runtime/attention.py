@@ -146,13 +146,9 @@ def paged_attention_forward(
             raise NotImplementedError(f"sliding window {window} < context {max_seq_len}")
     # [1, H, T, D] -> [T, H, D]: views only; the kernels gather/copy what they need.
     query_rows = query[0].transpose(0, 1)
-    reshape_and_cache(
-        key[0].transpose(0, 1),
-        value[0].transpose(0, 1),
-        key_cache,
-        value_cache,
-        meta.slot_mapping,
-    )
+    if not kwargs.get("omni_kv_cached"):  # else a fused rotary kernel wrote them already
+        k_rows, v_rows = key[0].transpose(0, 1), value[0].transpose(0, 1)
+        reshape_and_cache(k_rows, v_rows, key_cache, value_cache, meta.slot_mapping)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     if triton_path:

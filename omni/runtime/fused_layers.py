@@ -36,7 +36,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kernels.fused_activation import silu_and_mul
 from kernels.fused_norm import MAX_HIDDEN, add_rms_norm, rms_norm
-from kernels.fused_rotary import rotary_
+from kernels.fused_rotary import rotary_, rotary_and_cache_
 from kernels.triton_launch import HAVE_TRITON
 
 logger = logging.getLogger(__name__)
@@ -114,11 +114,17 @@ def _attention_forward(
     rows = (*input_shape, self.head_dim)
     modeling = sys.modules[type(self).__module__]
     if cos.shape == rows and sin.shape == rows and cos.dtype == sin.dtype == qkv.dtype:
-        rotary_(
-            heads.view(-1, *heads.shape[-2:])[:, : num_heads + num_kv_heads],
-            cos.reshape(-1, self.head_dim),
-            sin.reshape(-1, self.head_dim),
-        )
+        flat = heads.view(-1, *heads.shape[-2:])
+        rotated = flat[:, : num_heads + num_kv_heads]
+        cos, sin = cos.reshape(-1, self.head_dim), sin.reshape(-1, self.head_dim)
+        meta = kwargs.get("omni_attn") if past_key_values is None else None
+        caches = meta.kv_caches[self.layer_idx] if meta is not None else None
+        if caches is not None and caches[0].dtype == qkv.dtype:  # our paged hook's K/V write
+            values = flat[:, num_heads + num_kv_heads :]
+            rotary_and_cache_(rotated, cos, sin, values, *caches, meta.slot_mapping)
+            kwargs["omni_kv_cached"] = True  # the hook then skips its own write
+        else:
+            rotary_(rotated, cos, sin)
         query = heads[..., :num_heads, :].transpose(1, 2)
         key = heads[..., num_heads : num_heads + num_kv_heads, :].transpose(1, 2)
     else:  # broadcast or other-dtype cos/sin (not what the models pass): transformers' rotary

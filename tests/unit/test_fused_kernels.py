@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton")
 from kernels import fused_activation, fused_norm, fused_rotary  # noqa: E402
 from kernels.fused_activation import silu_and_mul, silu_mul, silu_mul_reference  # noqa: E402
 from kernels.fused_norm import add_rms_norm, rms_norm, rms_norm_reference  # noqa: E402
-from kernels.fused_rotary import rotary_, rotary_reference  # noqa: E402
+from kernels.fused_rotary import rotary_, rotary_and_cache_, rotary_reference  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -186,6 +186,49 @@ def test_rotary_bad_inputs():
         rotary_(x.transpose(1, 2), cos, sin)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "head_dim"), [((4, 2), 16), ((28, 4), 128), ((14, 2), 80)])
+def test_rotary_and_cache_writes_what_reshape_and_cache_would(dtype, heads, head_dim):
+    """The fused q/k/v buffer rotated in place, and the rotated keys and the values in their
+    slots (shuffled, not block-ordered) of caches that held other values: equal to rotary_
+    followed by kernels/cache_ops.py's two indexed copies, bit for bit; other slots untouched."""
+    from kernels.cache_ops import reshape_and_cache
+
+    num_heads, num_kv_heads = heads
+    num_tokens, num_blocks, block_size = 6, 5, 4
+    qkv = randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, dtype=dtype, scale=2.0)
+    cos, sin = (randn(num_tokens, head_dim, dtype=dtype, seed=s) for s in (1, 2))
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    caches = [randn(*shape, dtype=dtype, seed=s) for s in (3, 4)]
+    slots = torch.randperm(num_blocks * block_size, generator=torch.Generator().manual_seed(5))
+    slots = slots[:num_tokens].to(DEVICE)
+    want_qkv, want_caches = qkv.clone(), [c.clone() for c in caches]
+    rotated = want_qkv[:, : num_heads + num_kv_heads]
+    rotary_(rotated, cos, sin)
+    keys = want_qkv[:, num_heads : num_heads + num_kv_heads]
+    reshape_and_cache(keys, want_qkv[:, num_heads + num_kv_heads :], *want_caches, slots)
+    values = qkv[:, num_heads + num_kv_heads :]
+    rotary_and_cache_(qkv[:, : num_heads + num_kv_heads], cos, sin, values, *caches, slots)
+    assert_bit_equal(qkv, want_qkv)
+    for got, want in zip(caches, want_caches, strict=True):
+        assert_bit_equal(got, want)
+
+
+def test_rotary_and_cache_bad_inputs():
+    qkv = randn(3, 8, 16)
+    cos, sin, slots = randn(3, 16), randn(3, 16), torch.arange(3, device=DEVICE)
+    caches = [randn(2, 4, 2, 16) for _ in range(2)]
+    with pytest.raises(ValueError, match="value"):
+        rotary_and_cache_(qkv[:, :6], cos, sin, qkv[:2, 6:], *caches, slots)
+    with pytest.raises(ValueError, match="key_cache"):
+        rotary_and_cache_(qkv[:, :6], cos, sin, qkv[:, 6:], caches[0][:, :, :1], caches[1], slots)
+    with pytest.raises(ValueError, match="value_cache"):
+        bf16 = caches[1].to(torch.bfloat16)
+        rotary_and_cache_(qkv[:, :6], cos, sin, qkv[:, 6:], caches[0], bf16, slots)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        rotary_and_cache_(qkv[:, :6], cos, sin, qkv[:, 6:], *caches, slots[:2])
+
+
 @cpu_only
 def test_kernels_compile_for_sm90_without_a_gpu():
     """The real compiler (Triton IR -> PTX -> cubin) for an H100 in bf16: the interpreter checks
@@ -202,6 +245,8 @@ def test_kernels_compile_for_sm90_without_a_gpu():
         for name in names:
             if name in constexprs:
                 signature[name] = "constexpr"
+            elif name == "slot_ptr":
+                signature[name] = "*i64"
             elif name.endswith("_ptr"):
                 signature[name] = "*bf16"
             else:
@@ -214,7 +259,9 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     compile_sm90(fused_norm._kernel, {"ADD": True, "BLOCK": 1024})
     compile_sm90(fused_norm._kernel, {"ADD": False, "BLOCK": 4096})
     compile_sm90(fused_activation._kernel, {"BLOCK": fused_activation.BLOCK})
-    compile_sm90(fused_rotary._kernel, {"HALF": 40, "HALF_PAD": 64, "HEADS_PAD": 32})
+    rotary = {"HALF": 40, "HALF_PAD": 64, "HEADS_PAD": 32, "KV_PAD": 4}
+    compile_sm90(fused_rotary._kernel, {**rotary, "CACHE": False})
+    compile_sm90(fused_rotary._kernel, {**rotary, "CACHE": True})
 
 
 @pytest.mark.cuda

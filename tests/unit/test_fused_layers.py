@@ -191,12 +191,22 @@ class PagedGreedy:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_paged_greedy_tokens_equal(family, dtype):
-    """Three prompts packed in one prefill, then 5 packed decode steps through omni_paged."""
+def test_paged_greedy_tokens_equal(family, dtype, monkeypatch):
+    """Three prompts packed in one prefill, then 5 packed decode steps through omni_paged. The
+    fused layers write K/V with their rotary kernel (rotary_and_cache_), the hook then does not;
+    transformers' layers leave the write to the hook."""
+    from omni.runtime import attention, fused_layers
+
+    writes: list[str] = []
+    for module, name in ((fused_layers, "rotary_and_cache_"), (attention, "reshape_and_cache")):
+        original = getattr(module, name)
+        spy = lambda *a, name=name, original=original: writes.append(name) or original(*a)  # noqa: E731
+        monkeypatch.setattr(module, name, spy)
     model, fused = make_pair(family, dtype, attn=register_paged_attention())
     prompts = [[5, 17, 99, 3, 64], [8, 21, 2, 90, 11, 40, 7, 7, 1], [120]]
     runs = []
     for m in (model, fused):
+        writes.clear()
         runner, feeds, tokens, logits = PagedGreedy(m, dtype), prompts, [], []
         for _ in range(6):
             step_tokens, step_logits = runner.step(feeds)
@@ -204,6 +214,8 @@ def test_paged_greedy_tokens_equal(family, dtype):
             logits.append(step_logits)
             feeds = [[t] for t in step_tokens]
         runs.append((tokens, torch.stack(logits)))
+        writer = "rotary_and_cache_" if m is fused else "reshape_and_cache"
+        assert writes == [writer] * (6 * TINY["num_hidden_layers"]), writes
     if tokens_comparable(dtype):
         assert runs[1][0] == runs[0][0]
         torch.testing.assert_close(runs[1][1], runs[0][1], **tolerance(dtype))
