@@ -118,9 +118,9 @@ def _attention_forward(
         rotated = flat[:, : num_heads + num_kv_heads]
         cos, sin = cos.reshape(-1, self.head_dim), sin.reshape(-1, self.head_dim)
         meta = kwargs.get("omni_attn") if past_key_values is None else None
-        caches = meta.kv_caches[self.layer_idx] if meta is not None else None
-        if caches is not None and caches[0].dtype == qkv.dtype:  # our paged hook's K/V write
-            values = flat[:, num_heads + num_kv_heads :]
+        if meta is not None and meta.kv_caches[self.layer_idx][0].dtype == qkv.dtype:
+            values = flat[:, num_heads + num_kv_heads :]  # our paged hook's K/V write, here
+            caches = meta.kv_caches[self.layer_idx]
             rotary_and_cache_(rotated, cos, sin, values, *caches, meta.slot_mapping)
             kwargs["omni_kv_cached"] = True  # the hook then skips its own write
         else:
