@@ -216,11 +216,11 @@ def counters(engine: AsyncOmni) -> dict[str, float]:
 def triton_compiles() -> int:
     """Variants of omni's Triton kernels compiled so far in this process (the local backend's
     stages): one during a level is a compile (hundreds of ms) on a live request."""
-    from kernels import fused_activation, fused_norm, fused_rotary, triton_paged_attention
+    from kernels import fused_activation, fused_norm, fused_rotary, split_kv, triton_paged_attention
     from kernels.triton_launch import num_compiled
 
     modules = (triton_paged_attention, fused_norm, fused_rotary, fused_activation)
-    return sum(num_compiled(module._kernel) for module in modules)
+    return sum(num_compiled(module._kernel) for module in modules) + num_compiled(split_kv._combine)
 
 
 async def omni_level(

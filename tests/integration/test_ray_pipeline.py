@@ -98,9 +98,17 @@ def test_private_instance_equal_results_kill_and_clean_shutdown(qwen2_dir, llama
             actor.host.engine.model.forward = forward
 
         ray.get(omni.backend.actors["b"].__ray_call__.remote(device_assert), timeout=60)
-        for output in omni.generate(ids[:2], use_tqdm=False):
-            assert output.error is not None and "stage 'b'" in output.error, output.error
+        outputs = omni.generate(ids[:2], use_tqdm=False)
+        # Those in b when it died fail; one that reached b after its replacement had started
+        # runs there (measured under load: the second prompt left stage a after the restart).
+        failed = [output for output in outputs if output.error is not None]
+        assert failed
+        for output in failed:
+            assert "stage 'b'" in output.error, output.error
             assert "CUDA error: device-side assert triggered" in output.error, output.error
+        for i, output in enumerate(outputs):
+            if output.error is None:
+                assert_same(output.stages, want[i], f"after the CUDA error, prompt {i}")
         for i, output in enumerate(omni.generate(ids[:2], use_tqdm=False)):
             assert output.error is None, output.error
             assert_same(output.stages, want[i], f"after the CUDA error's restart, prompt {i}")
