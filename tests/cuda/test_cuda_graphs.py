@@ -12,9 +12,10 @@ import torch
 from helpers import make_engine, run_engine, shared_prefix_prompts
 from transformers import AutoConfig
 
+from kernels.split_kv import num_sms
 from omni.core.sampling_params import SamplingParams
 from omni.messages import StageInput
-from omni.runtime.graph_shapes import batch_ladder, suffix_ladder
+from omni.runtime.graph_shapes import batch_ladder, splits_keys, suffix_ladder
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 
@@ -56,7 +57,13 @@ def test_graph_replay_equals_transformers_and_eager(family, name):
     engine = graphs.config.engine
     max_suffix = min(engine.max_num_batched_tokens, engine.max_model_len or 4096)
     num_shapes = len(batch_ladder(engine.max_num_seqs)) + len(suffix_ladder(max_suffix))
-    assert stats["cuda_graphs"] == num_shapes, stats
+    # Plus a long-context graph (keys split) for each shape whose grid would split.
+    decode_graphs = graphs.runner.decode_graphs
+    kv_heads, sms = decode_graphs.kv_caches[0][0].shape[2], num_sms(decode_graphs.device)
+    bound = decode_graphs.bound
+    num_long = sum(splits_keys(s, bound, kv_heads, sms) for s in decode_graphs.shapes)
+    assert (num_long > 0) == (bound > 511), (bound, num_long)
+    assert stats["cuda_graphs"] == num_shapes + num_long, stats
     assert stats["graph_steps"] > 0, stats
     if name == "ladder-32":  # 13 requests decode in the bucket of 16
         assert stats["padded_rows"] > 0, stats
