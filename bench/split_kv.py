@@ -11,7 +11,9 @@ GPU each call is captured in a CUDA graph of --layers calls and replayed (what t
 graphs leave: kernel time, no Python launch cost); the figure is per layer call. "splits" is the
 default choice for this GPU's SM count with the context as the bound (num_kv_splits); the split
 column is the kernel at that count plus the combine kernel. Ratios: unsplit / split, from the
-same run. The largest difference between the two outputs is printed too. Nothing is asserted.
+same run. A sweep of fixed counts (2 to 32) gives the best count and how far the choice is from
+it (the data to tune MIN_SHARE and PROGRAMS_PER_SM by). The largest difference between the
+unsplit and split outputs is printed too. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def main() -> None:
     layouts = layouts[:1] if cpu else layouts  # the CPU runs one tiny layout
     contexts = [600] if cpu else [1024, 4096, 16384]
     batches = [1, 4] if cpu else [1, 4, 16, 64]
+    sweep = [2] if cpu else [2, 4, 8, 16, 32]
     print(f"device {device}, {sms} SMs; per layer call, ms")
     rows = []
     for layout in layouts:
@@ -128,6 +131,13 @@ def main() -> None:
                 unsplit = functools.partial(call, num_splits=1)
                 ms_whole = per_call_ms(unsplit, device, args.iters, args.layers)
                 ms_split = per_call_ms(call, device, args.iters, args.layers)
+                # The sweep: what a fixed count would give (tunes MIN_SHARE, PROGRAMS_PER_SM).
+                timed = {1: ms_whole, chosen: ms_split}
+                for n in sweep:
+                    if n not in timed:
+                        fixed = functools.partial(call, num_splits=n)
+                        timed[n] = per_call_ms(fixed, device, args.iters, args.layers)
+                best = min(timed, key=lambda n: timed[n])
                 rows.append(
                     [
                         layout,
@@ -137,11 +147,12 @@ def main() -> None:
                         f"{ms_whole:.4f}",
                         f"{ms_split:.4f}",
                         f"{ms_whole / ms_split:.2f}x",
+                        f"{best}: {timed[best]:.4f} ({timed[chosen] / timed[best]:.2f}x)",
                         f"{diff:.1e}",
                     ]
                 )
-    header = ["layout", "context", "case", "splits", "unsplit", "split", "ratio", "max diff"]
-    table(header, rows)
+    header = ["layout", "context", "case", "splits", "unsplit", "split", "ratio"]
+    table([*header, "best splits: ms (chosen / best)", "max diff"], rows)
 
 
 def programs(specs: list[tuple[int, int]], heads: tuple[int, int, int]) -> int:
