@@ -68,8 +68,8 @@ class ModelRunner:
         max_model_len: int = 1,
     ) -> None:
         """device: where the KV cache, inputs and metadata live (None: the CPU; the weights are
-        there). padded_decode: decode steps and short sampled suffixes padded to fixed shapes
-        (omni/runtime/decode_graphs.py; CUDA graphs once capture_decode_graphs ran on a GPU)."""
+        there). padded_decode: decode steps and short suffixes padded to fixed shapes (CUDA
+        graphs once captured on a GPU, decode_graphs.py); the model has no decode blocker."""
         self.model = model
         self.block_size = block_size
         self.device = torch.device(device) if device is not None else torch.device("cpu")
