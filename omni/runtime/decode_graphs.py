@@ -122,6 +122,7 @@ class DecodeGraphs:
         self.num_graph_steps = 0  # replays
         self.num_padded_steps = 0  # every padded step, replayed or eager
         self.num_padded_rows = 0
+        self.num_long_steps = 0  # padded steps with a context past unsplit_context()
 
     # ---- which steps ----------------------------------------------------------------------------
     def shape_for(self, scheduled: list[ScheduledRequest]) -> Shape | None:
@@ -206,6 +207,7 @@ class DecodeGraphs:
             outputs = self._forward(shape, long, static=attention.uses_triton(self.device))
         self.num_padded_steps += 1
         self.num_padded_rows += num_padding
+        self.num_long_steps += long
         real = ModelOutputs(outputs.hidden_states[:n], {k: v[:n] for k, v in outputs.extra.items()})
         sample = real.hidden_states if decode else real.hidden_states[n - 1 :]
         return GraphStep(real, sample, host_slots, self._dev_slots[:n])
@@ -289,6 +291,8 @@ class DecodeGraphs:
             "graph_steps": self.num_graph_steps,
             "padded_decode_steps": self.num_padded_steps,
             "padded_rows": self.num_padded_rows,
+            "long_context_steps": self.num_long_steps,
+            "long_context_graphs": sum(long for _, long in self._graphs),
             "cuda_graph_capture_s": self.capture_s,
             "cuda_graph_bytes": self.capture_bytes,
         }

@@ -164,6 +164,9 @@ def test_triton_path_takes_the_static_metadata(qwen2_dir, monkeypatch, split):
     assert all(static for *_, static in seen) and {(4, 4), (2, 16)} <= {s for s, *_ in seen}
     # Long steps (a context past two shares: 511 keys, 31 here) may split; short ones never.
     assert any(long for _, long, _ in seen) == split
+    stats = engine.runner.decode_graphs.stats()
+    assert stats["long_context_graphs"] == 0  # nothing captured on the CPU
+    assert stats["long_context_steps"] == sum(long for _, long, _ in seen)
     assert min(combined) > 1 if split else combined == [], combined
 
 
