@@ -54,7 +54,13 @@ async def prefix_pass(model_dir: str, tokenizer: Any, args: argparse.Namespace, 
         rows = []
         for i in range(args.prefix_requests):
             ids = prefix + random_ids(tokenizer, args.suffix_tokens, (5, i))
-            rows.append(await first_token(engine, ids))
+            before = engine.stats()["llm"]
+            row = await first_token(engine, ids)
+            after = engine.stats()["llm"]
+            # How its steps ran: replayed graphs (long: keys split), and eager steps.
+            keys = ("graph_steps", "long_context_steps", "eager_steps")
+            row["steps"] = "/".join(str(after.get(k, 0) - before.get(k, 0)) for k in keys)
+            rows.append(row)
         peak = peak_gib(args.device)
     release(args.device)
     return rows, peak

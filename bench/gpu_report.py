@@ -197,9 +197,11 @@ def report_prefix(
                 f"{off['ttft'] * 1e3:.1f}",
                 f"{off['hit']:.0f}",
                 f"{off['ttft'] / on['ttft']:.2f}x",
+                f"{on['steps']}",
             )
         )
     header = ("req", "TTFT on ms", "hit tokens on", "TTFT off ms", "hit off", "off / on")
+    header += ("steps on: graph/long/eager",)
     table(header, rows)
     warm = slice(1, None) if n > 1 else slice(None)  # request 1 is cold either way
     on = statistics.mean(r["ttft"] for r in results[True][0][warm])
