@@ -124,9 +124,9 @@ def main() -> None:
                     step_cache={},
                 )
                 whole, split = call(num_splits=1), call()
-                chosen = split_kv.num_kv_splits(
-                    programs(specs, heads), max(s for _, s in specs), sms
-                )
+                # The count the default launch chose: its partial buffers' key (none: 1).
+                cached = call.keywords["step_cache"]
+                chosen = max((key[1] for key in cached if key[0] == "split_kv"), default=1)
                 diff = (whole.float() - split.float()).abs().max().item()
                 unsplit = functools.partial(call, num_splits=1)
                 ms_whole = per_call_ms(unsplit, device, args.iters, args.layers)
@@ -153,18 +153,6 @@ def main() -> None:
                 )
     header = ["layout", "context", "case", "splits", "unsplit", "split", "ratio"]
     table([*header, "best splits: ms (chosen / best)", "max diff"], rows)
-
-
-def programs(specs: list[tuple[int, int]], heads: tuple[int, int, int]) -> int:
-    """The attention grid's (tile, kv head) programs, as triton_paged_attention sizes it."""
-    from kernels.triton_launch import next_pow2
-    from kernels.triton_paged_attention import ROWS_DECODE, ROWS_PREFILL
-
-    num_heads, num_kv_heads, _ = heads
-    num_tokens, num_seqs = sum(q for q, _ in specs), len(specs)
-    rows = ROWS_DECODE if num_tokens <= num_seqs else ROWS_PREFILL
-    block_q = next_pow2(max(1, rows // next_pow2(num_heads // num_kv_heads)))
-    return (num_tokens + num_seqs * (block_q - 1)) // block_q * num_kv_heads
 
 
 if __name__ == "__main__":
