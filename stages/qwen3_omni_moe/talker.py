@@ -34,6 +34,7 @@ from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, Stag
 from stages.meta_build import build_empty
 from stages.qwen2_5_omni.part_loader import load_rows
 from stages.qwen2_5_omni.talker_penalty import SeenCodes
+from stages.qwen3_omni_moe import experts
 from stages.qwen3_omni_moe.talker_inputs import TalkerRequestState, build_state, check_extras
 from stages.qwen3_omni_moe.weights import load_part
 
@@ -81,6 +82,7 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         talker = build_empty(lambda: Qwen3OmniMoeTalkerForConditionalGeneration(config), dtype)
         load_part(talker, model_dir, "talker.", self.device)  # per-expert tensors fused
         self.talker = talker.eval()
+        experts.install(talker, experts.choose(self.device, dtype))  # no host sync per layer
         text = config.text_config
         self.config = config
         self.dtype = dtype

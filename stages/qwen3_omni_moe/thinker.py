@@ -31,12 +31,19 @@ from transformers.utils import logging as hf_logging
 
 from omni.core.scheduler_output import ScheduledRequest
 from omni.messages import StageInput
-from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
-from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, StageModelBase
+from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
+from omni.runtime.stage_model import (
+    DecodeInputs,
+    ModelInputs,
+    ModelOutputs,
+    StageModel,
+    StageModelBase,
+)
 from stages.causal_lm import load_kwargs
 from stages.qwen2_5_omni.encoder_cache import EncoderCache
 from stages.qwen2_5_omni.encoder_profile import largest_items, max_image_pixels
 from stages.qwen2_5_omni.mrope import Item, find_items
+from stages.qwen3_omni_moe import experts
 from stages.qwen3_omni_moe.rope import audio_token_count, rope_index
 
 
@@ -78,6 +85,7 @@ class Qwen3OmniThinkerAdapter(StageModelBase):
             raise RuntimeError(f"thinker weights missing from {model_dir}: {info['missing_keys']}")
         self.model = model.to(self.device).eval()
         self.text_model = self.model.model.language_model
+        experts.install(self.text_model, experts.choose(self.device, dtype))
         text = config.text_config
         if not 0 <= self.accept_layer <= text.num_hidden_layers:
             raise ValueError(
@@ -173,6 +181,53 @@ class Qwen3OmniThinkerAdapter(StageModelBase):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden_states)
+
+    # ---- padded (CUDA-graph) decode steps -------------------------------------------------------
+    decode_position_rows = 3  # interleaved mrope: temporal, height, width
+    decode_suffixes = False  # prompts merge encoder outputs and deepstack features
+    decode_ids_on_device = True  # decode_prepare reads positions only
+
+    def decode_graph_blocker(self) -> str | None:
+        return experts.blocker(self.text_model)
+
+    def decode_prepare(
+        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+    ) -> DecodeInputs | None:
+        """Decode tokens of running requests only: past a request's rope table a position p is
+        p + delta on every row (text-only requests: delta 0). Prompt chunks run eagerly."""
+        if any(entry.is_new or len(entry.token_ids) != 1 for entry in scheduled):
+            return None
+        rows = np.repeat(positions[None], 3, axis=0)
+        for i, entry in enumerate(scheduled):
+            state = self._requests.get(entry.request_id)
+            if state is None or state.positions is None:
+                continue
+            if positions[i] < state.positions.shape[1]:
+                return None  # inside the table (a prompt token): eager
+            rows[:, i] += state.delta
+        return DecodeInputs(rows)
+
+    def decode_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        embeds: torch.Tensor | None = None,
+    ) -> ModelOutputs:
+        """`forward` for decode tokens: no encoder rows and no deepstack features to add."""
+        embeds = self.text_model.embed_tokens(input_ids)
+        out = self.text_model(
+            inputs_embeds=embeds.unsqueeze(0),
+            position_ids=positions.unsqueeze(1),  # [3, 1, B]
+            use_cache=False,
+            output_hidden_states=[self.accept_layer],
+            omni_attn=attn,
+        )
+        accept = out.hidden_states[self.accept_layer][0]
+        return ModelOutputs(
+            out.last_hidden_state[0],
+            extra={"inputs_embeds": embeds, "accept_hidden_states": accept},
+        )
 
     # ---- multimodal -----------------------------------------------------------------------------
     def _state(self, entry: ScheduledRequest, extras: Mapping[str, Any]) -> _Request | None:

@@ -111,17 +111,32 @@ def test_speakers_differ(references):
     assert len(set(frames)) == len(frames)
 
 
-@pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
-def test_pipeline_equals_transformers(qwen3_dir, references, caching):
+# padded: the thinker's decode steps run the CUDA-graph body (padded batches, mrope deltas on
+# every row, grouped_mm experts), eagerly here; chunked prompts join the decode batch one by one,
+# so 3 rows pad to 4 of the ladder [1, 2, 4, 6]. ahead: those steps also launch one ahead.
+PADDED = {"cuda_graphs": True, "max_num_seqs": 6, "max_num_batched_tokens": 48}
+
+
+@pytest.mark.parametrize(
+    "caching, thinker",
+    [(True, {}), (False, {}), (True, PADDED), (True, {**PADDED, "async_scheduling": True})],
+    ids=["caching", "no-caching", "padded-decode", "ahead"],
+)
+def test_pipeline_equals_transformers(qwen3_dir, references, caching, thinker):
     overrides = {**ON_CPU}
     for stage in ("thinker", "talker"):
         overrides[f"stages.{stage}.engine.enable_prefix_caching"] = caching
         overrides[f"stages.{stage}.engine.block_size"] = 4
+    for key, value in thinker.items():
+        overrides[f"stages.thinker.engine.{key}"] = value
     prompts = _prompts()
     with Omni(model=qwen3_dir, runtime=RUNTIME, **overrides) as omni:
         rounds = [omni.generate(list(prompts.values()), PARAMS, use_tqdm=False) for _ in range(2)]
-        thinker = omni.backend.hosts["thinker"].engine
-        assert thinker.model.encoder_runs == {"image": 1, "audio": 1}  # once per distinct item
+        engine = omni.backend.hosts["thinker"].engine
+        assert engine.model.encoder_runs == {"image": 1, "audio": 1}  # once per distinct item
+        stats = engine.stats()
+        assert (stats.get("padded_rows", 0) > 0) == bool(thinker), stats
+        assert (stats["steps_launched_ahead"] > 0) == ("async_scheduling" in thinker), stats
         hits = {
             s: omni.backend.hosts[s].engine.stats()["kv_hit_tokens"] for s in ("thinker", "talker")
         }
