@@ -19,7 +19,7 @@ MASK_BYTES_PER_CELL = 10
 of its second comparison (or its negation in sdpa), sdpa's float32 additive mask and its copy
 padded to an aligned row."""
 WHOLE_DECODE_BUDGET_BYTES = 4 << 30
-"""The default bound on a whole decode's masks: at 16 heads and 2 frames a code, 1,808 codes
+"""The default bound on a whole decode's masks: at 16 heads and 2 frames a code, 1,809 codes
 (about 36 s of speech at 50 codes/s)."""
 MIN_WINDOW_CODES = 50
 """The least codes a window emits (the streaming path's default chunk_size)."""

@@ -260,6 +260,11 @@ def test_memory_profile_runs_the_encoders_on_the_largest_items(omni_dir, proc):
     speech = (np.zeros(30 * 16000, dtype=np.float32), 16000)
     audio = proc("p", {"prompt": "x", "audio": [speech]}).mm_inputs[0]
     assert audio.length == largest["audio"]
+    tower, ran = adapter._tower, []
+    adapter._tower = lambda modality, extras, index: (
+        ran.append((modality, tower(modality, extras, index).shape[0]))
+    )
     adapter.profile_extra_work()
+    assert sorted(ran) == sorted(largest.items())  # each tower once, on its largest item
     assert adapter.encoder_runs == {} and len(adapter.encoder_cache) == 0
     assert adapter.reserved_bytes == adapter.encoder_cache.max_bytes == 256 << 20

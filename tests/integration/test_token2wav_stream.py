@@ -25,7 +25,7 @@ from omni.messages import InputDelta, StageInput
 from omni.runtime.stage_model import ChunkJob
 from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
 from stages.qwen2_5_omni.token2wav_chunks import request_noise
-from stages.qwen2_5_omni.token2wav_memory import whole_decode_bytes
+from stages.qwen2_5_omni.token2wav_memory import whole_decode_bytes, window_codes
 from stages.qwen2_5_omni.token2wav_vocoder import vocode
 from tests.sync_counter import SyncCounter
 
@@ -153,7 +153,14 @@ def test_a_request_past_the_whole_decode_budget_is_decoded_in_windows(omni_dir, 
     assert bounded.max_whole_codes == 40 and amplified.max_whole_codes > NUM_CODES
     codes = random_codes(NUM_CODES)
     whole = whole_decode(amplified, codes)
+    decode_chunks, windows = bounded.decode_chunks, []
+    bounded.decode_chunks = lambda jobs: windows.extend(jobs) or decode_chunks(jobs)
     windowed = whole_decode(bounded, codes)
+    del bounded.decode_chunks
+    size = window_codes(bounded.max_whole_codes, *bounded.chunk_defaults())
+    assert [(j.start, j.end) for j in windows] == [
+        (start, min(start + size, NUM_CODES)) for start in range(0, NUM_CODES, size)
+    ]  # never all at once: 2 windows here
     assert windowed.shape == whole.shape == (NUM_CODES * amplified.samples_per_code,)
     error = windowed - whole
     snr = 10 * math.log10(whole.pow(2).sum().item() / max(error.pow(2).sum().item(), 1e-30))
