@@ -261,8 +261,8 @@ def test_memory_profile_runs_the_encoders_on_the_largest_items(omni_dir, proc):
     audio = proc("p", {"prompt": "x", "audio": [speech]}).mm_inputs[0]
     assert audio.length == largest["audio"]
     tower, ran = adapter._tower, []
-    adapter._tower = lambda modality, extras, index: (
-        ran.append((modality, tower(modality, extras, index).shape[0]))
+    adapter._tower = lambda modality, extras, index: ran.append(
+        (modality, tower(modality, extras, index).shape[0])
     )
     adapter.profile_extra_work()
     assert sorted(ran) == sorted(largest.items())  # each tower once, on its largest item
