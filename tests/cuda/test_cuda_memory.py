@@ -86,6 +86,40 @@ def test_a_stage_is_sized_from_its_own_footprint(qwen2_dir):
         torch.cuda.empty_cache()
 
 
+def test_local_pipeline_stages_sized_from_their_own_shares(omni_dir):
+    """The same end to end: the tiny Qwen2.5-Omni from its shipped config on the local backend,
+    thinker and talker pools sized from their shares (num_blocks null) in one process. The
+    talker loads after the thinker's weights and pool, which exceed the talker's whole share:
+    measured against the process's allocations its peak was over its share (a ConfigError); from
+    its own baseline each stage fills its share, up to the pool's cap (max_num_seqs x
+    max_model_len tokens). Small shares and no graphs keep the block count and start-up short."""
+    from omni import Omni
+
+    shares = {"thinker": 0.02, "talker": 0.015, "token2wav": 0.02}
+    overrides: dict = {f"stages.{s}.resources.gpu_share": v for s, v in shares.items()}
+    for stage in ("thinker", "talker"):
+        for key, value in (("num_blocks", None), ("max_num_seqs", 1024), ("cuda_graphs", False)):
+            overrides[f"stages.{stage}.engine.{key}"] = value
+    total = torch.cuda.mem_get_info(CUDA)[1]
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **overrides) as omni:
+        (out,) = omni.generate([{"prompt": "hello there"}], use_tqdm=False)
+        stats = omni.stats()
+        engines = {s: omni.backend.hosts[s].engine.config.engine for s in ("thinker", "talker")}
+    assert out.error is None and out.final.audio.numel() > 0
+    for stage in ("thinker", "talker"):
+        budget = 0.9 * shares[stage] * total  # a fractional stage uses 0.9 of its share
+        kv, blocks, engine = (
+            stats[stage]["kv_cache_bytes"],
+            stats[stage]["num_blocks"],
+            engines[stage],
+        )
+        cap = engine.max_num_seqs * engine.max_model_len // engine.block_size * (kv // blocks)
+        print(f"\n{stage}: share {budget:,.0f} bytes, KV {kv:,} ({blocks:,} blocks), cap {cap:,}")
+        assert stats[stage]["device"] == "cuda:0", stage
+        assert 0.5 * min(budget, cap) < kv <= budget, stage
+    assert stats["thinker"]["memory_allocated_bytes"] > 0.9 * shares["talker"] * total
+
+
 def test_thinker_sized_with_its_encoders_profiled(omni_dir):
     """The thinker's pool is sized on the GPU after the profile ran its encoders on their
     largest items (nothing cached or counted), with the encoder cache reserved."""
