@@ -82,8 +82,9 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         talker = build_empty(lambda: Qwen3OmniMoeTalkerForConditionalGeneration(config), dtype)
         load_part(talker, model_dir, "talker.", self.device)  # per-expert tensors fused
         self.talker = talker.eval()
-        experts.install(talker, experts.choose(self.device, dtype))  # no host sync per layer
         text = config.text_config
+        sizes = text.hidden_size, text.moe_intermediate_size, text.shared_expert_intermediate_size
+        experts.install(talker, experts.choose(self.device, dtype, *sizes))  # no sync per layer
         self.config = config
         self.dtype = dtype
         self.num_layers = text.num_hidden_layers

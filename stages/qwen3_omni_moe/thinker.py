@@ -85,8 +85,9 @@ class Qwen3OmniThinkerAdapter(StageModelBase):
             raise RuntimeError(f"thinker weights missing from {model_dir}: {info['missing_keys']}")
         self.model = model.to(self.device).eval()
         self.text_model = self.model.model.language_model
-        experts.install(self.text_model, experts.choose(self.device, dtype))
         text = config.text_config
+        sizes = text.hidden_size, text.moe_intermediate_size
+        experts.install(self.text_model, experts.choose(self.device, dtype, *sizes))
         if not 0 <= self.accept_layer <= text.num_hidden_layers:
             raise ValueError(
                 f"talker_config.accept_hidden_layer={self.accept_layer} is outside the thinker's "

@@ -38,6 +38,8 @@ def test_choice_by_device_and_dtype(monkeypatch):
     assert experts.choose(gpu, torch.float16) is None
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert experts.choose(gpu, torch.bfloat16) == "grouped_mm"
+    assert experts.choose(gpu, torch.bfloat16, 2048, 768) == "grouped_mm"
+    assert experts.choose(gpu, torch.bfloat16, 2048, 36) is None  # rows not 16-byte aligned
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     assert experts.choose(gpu, torch.bfloat16) is None
 
