@@ -207,7 +207,7 @@ async def omni_request(engine: AsyncOmni, ids: list[int], params: list[SamplingP
 def counters(engine: AsyncOmni) -> dict[str, float]:
     out: dict[str, float] = {"triton compiles": float(triton_compiles())}
     for name, stats in engine.stats().items():
-        for key in ("steps", "preemptions", "busy_s", "steps_launched_ahead"):
+        for key in ("steps", "graph_steps", "preemptions", "busy_s", "steps_launched_ahead"):
             if isinstance(stats.get(key), int | float):
                 out[f"{name} {key}"] = float(stats[key])
     return out

@@ -108,7 +108,8 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
     if levels:
         print(
             "\nomni, where the time goes: p50 s since each request was added (the stages' "
-            "timings); engine steps, preemptions, steps launched ahead and Triton kernel "
+            "timings); engine steps, preemptions, steps launched ahead, steps replayed as CUDA "
+            "graphs and Triton kernel "
             "variants compiled during the level"
         )
         where_header = (
@@ -125,6 +126,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
             "step ms " + "/".join(stages),
             "preemptions",
             "ahead " + "/".join(stages[:2]),
+            "graph " + "/".join(stages[:2]),
             "Triton compiles",
         )
         where = []
@@ -143,6 +145,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
             )
             pre = sum(cnt.get(f"{s} preemptions", 0.0) for s in stages)
             ahead = "/".join(f"{cnt.get(f'{s} steps_launched_ahead', 0):.0f}" for s in stages[:2])
+            graph = "/".join(f"{cnt.get(f'{s} graph_steps', 0):.0f}" for s in stages[:2])
             where.append(
                 (
                     label,
@@ -158,6 +161,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
                     step_ms,
                     f"{pre:.0f}",
                     ahead,
+                    graph,
                     f"{cnt.get('triton compiles', 0):.0f}",
                 )
             )
