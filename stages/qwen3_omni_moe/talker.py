@@ -9,10 +9,12 @@ StageModelBase.sample_codes): compute_logits gives the layer-0 code's logits fro
 (with generate's logits processing: the repetition penalty over the request's generated layer-0
 codes, on the device, and the suppression of [vocab - 1024, vocab) except codec EOS); after the
 sampler picks code 0, sample_codes runs the code predictor for the other num_code_groups - 1
-codes, batched over every sampled row of the step: [talker hidden, embedding of code 0] then one
-position per residual code, each with its own lm_head, as transformers' code-predictor generate
-does for one request. Greedy rows take the argmax; sampled rows draw with transformers' predictor
-settings (top_k 50, top_p 0.8, temperature 1).
+codes, batched over every sampled row of the step (code_predictor.py).
+
+Decode steps of running requests also have a capturable body (padded steps, CUDA graphs where
+the experts run grouped, experts.py): decode_prepare builds each row's input (the fed frame's
+code embeddings summed, plus its text row) and does forward's bookkeeping; decode_forward runs
+the MoE decoder on those rows. The code predictor stays eager.
 """
 
 from __future__ import annotations
@@ -22,21 +24,31 @@ import os
 import zlib
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
-from transformers.cache_utils import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from omni.core.sampling_params import SamplingParams
+from omni.core.scheduler_output import ScheduledRequest
 from omni.messages import InputDelta, StageInput
-from omni.runtime.attention import ATTENTION_NAME, register_paged_attention
+from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
 from omni.runtime.sampler import Sampler
-from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel, StageModelBase
+from omni.runtime.stage_model import (
+    DecodeInputs,
+    ModelInputs,
+    ModelOutputs,
+    StageModel,
+    StageModelBase,
+)
 from stages.meta_build import build_empty
 from stages.qwen2_5_omni.part_loader import load_rows
 from stages.qwen2_5_omni.talker_penalty import SeenCodes
 from stages.qwen3_omni_moe import experts
+from stages.qwen3_omni_moe.code_predictor import residual_codes
 from stages.qwen3_omni_moe.talker_inputs import TalkerRequestState, build_state, check_extras
 from stages.qwen3_omni_moe.weights import load_part
+
+Frame = tuple[TalkerRequestState, int, tuple[int, ...], int]  # state, code 0, the rest, position
 
 
 def speaker_key(name: str) -> int:
@@ -161,7 +173,9 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
                 embeds.append(state.prompt_embeds[first : first + num_prompt])
             if num > num_prompt:
                 ids = entry.token_ids[num_prompt:]
-                embeds.append(self._frame_inputs(state, ids, entry.fed_codes, first + num_prompt))
+                at = range(first + num_prompt, first + num)
+                frames = zip(ids, entry.fed_codes, at, strict=True)  # a residual row per code
+                embeds.append(self._frame_inputs([(state, *frame) for frame in frames]))
                 slot = self._seen.slot(entry.request_id)
                 marks += [(slot, code) for code in ids]
             t = torch.arange(first, first + num)
@@ -183,28 +197,69 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         )
         return ModelOutputs(hidden_states=out.last_hidden_state[0])
 
-    def _frame_inputs(
-        self,
-        state: TalkerRequestState,
-        ids: list[int],
-        fed_codes: tuple[tuple[int, ...], ...],
-        start: int,
-    ) -> torch.Tensor:
-        """Inputs of decode positions start.. feeding frames (ids[k], fed_codes[k])."""
-        if len(fed_codes) != len(ids):
-            raise RuntimeError(f"{len(ids)} fed codes but {len(fed_codes)} residual code rows")
-        codes = torch.tensor(
-            [[i, *c] for i, c in zip(ids, fed_codes, strict=True)], device=self.device
-        )
+    def _frame_inputs(self, frames: list[Frame]) -> torch.Tensor:
+        """Inputs of decode positions, one per (state, code 0, residual codes, position): the
+        frame's code embeddings summed, plus the position's text row (the thinker's trailing
+        rows, then tts_pad)."""
+        codes = torch.tensor([[code, *rest] for _, code, rest, _ in frames], device=self.device)
         predictor = self.talker.code_predictor.get_input_embeddings()
         parts = [self.talker.get_input_embeddings()(codes[:, 0])]
         parts += [predictor[g - 1](codes[:, g]) for g in range(1, self.num_code_groups)]
         summed = torch.stack(parts, dim=1).sum(1)
-        first = start - state.prompt_len  # the frame fed at position `start`
-        num_text = state.trailing.shape[0]
-        rows = [state.trailing[j] if j < num_text else state.pad
-                for j in range(first, first + len(ids))]  # fmt: skip
+        rows = []
+        for state, _, _, position in frames:
+            index = position - state.prompt_len  # the frame fed at `position`
+            rows.append(state.trailing[index] if index < state.trailing.shape[0] else state.pad)
         return summed + torch.stack(rows)
+
+    # ---- padded (CUDA-graph) decode steps -------------------------------------------------------
+    decode_position_rows = 3  # mrope
+    decode_suffixes = False  # prompt positions feed the thinker's rows
+
+    @property
+    def decode_embed_dim(self) -> int:  # type: ignore[override]
+        return self.hidden_size  # each row's whole input, built before the body
+
+    def decode_graph_blocker(self) -> str | None:
+        return experts.blocker(self.talker.model)
+
+    def decode_prepare(
+        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+    ) -> DecodeInputs | None:
+        """One decode frame per running request past its prompt: forward's inputs and
+        bookkeeping for those rows; anything else (prompts, warm-up rows) runs eagerly."""
+        states = [self._states.get(e.request_id) for e in scheduled]
+        frames: list[Frame] = []
+        for entry, state, position in zip(scheduled, states, positions.tolist(), strict=True):
+            if entry.is_new or len(entry.token_ids) != 1 or len(entry.fed_codes) != 1:
+                return None
+            if state is None or position < state.prompt_len:
+                return None
+            frames.append((state, entry.token_ids[0], entry.fed_codes[0], position))
+        slots = torch.tensor([self._seen.slot(e.request_id) for e in scheduled], device=self.device)
+        self._seen.mark(slots, torch.tensor([f[1] for f in frames], device=self.device))
+        self._sample_ids = [e.request_id for e in scheduled if e.sample]
+        deltas = np.array([state.delta for state, _, _, _ in frames], dtype=positions.dtype)
+        rows = np.repeat((positions + deltas)[None], 3, axis=0)
+        return DecodeInputs(rows, self._frame_inputs(frames))
+
+    def decode_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        embeds: torch.Tensor | None = None,
+    ) -> ModelOutputs:
+        """embeds: each row's input from decode_prepare (the ids are in it already)."""
+        if embeds is None:
+            raise ValueError("the talker's decode body needs its rows' inputs (embeds)")
+        out = self.talker.model(
+            inputs_embeds=embeds.unsqueeze(0),
+            position_ids=positions.unsqueeze(1),  # [3, 1, B]
+            use_cache=False,
+            omni_attn=attn,
+        )
+        return ModelOutputs(hidden_states=out.last_hidden_state[0])
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.talker.codec_head(hidden_states).float()
@@ -226,7 +281,6 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
             logits[silent, self.eos_token_id] = 0.0
         return logits
 
-    @torch.no_grad()
     def sample_codes(
         self,
         hidden_states: torch.Tensor,
@@ -235,25 +289,10 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         params: list[SamplingParams],
         num_output_tokens: list[int],
     ) -> torch.Tensor:
-        """The code predictor's num_code_groups - 1 residual codes of every sampled row, batched:
-        [R, 2] inputs (talker hidden, code-0 embedding), then one position per code."""
-        predictor = self.talker.code_predictor
-        embeds = torch.stack([hidden_states, self.talker.get_input_embeddings()(token_ids)], dim=1)
-        cache = DynamicCache(config=predictor.config)
-        # transformers samples the residual codes with top_k 50, top_p 0.8, temperature 1.
-        settings = [
-            p if p.greedy else SamplingParams(temperature=1.0, top_k=50, top_p=0.8, seed=p.seed)
-            for p in params
-        ]
-        codes: list[torch.Tensor] = []
-        for group in range(self.num_code_groups - 1):
-            if group:
-                embeds = predictor.model.get_input_embeddings()[group - 1](codes[-1]).unsqueeze(1)
-            out = predictor.model(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
-            logits = predictor.lm_head[group](out.last_hidden_state)[:, -1].float()
-            counts = [n * self.num_code_groups + group + 1 for n in num_output_tokens]
-            codes.append(self._sampler.sample(logits, settings, counts))
-        return torch.stack(codes, dim=1)
+        """The code predictor's residual codes of every sampled row (code_predictor.py)."""
+        return residual_codes(
+            self.talker, self._sampler, hidden_states, token_ids, params, num_output_tokens
+        )
 
 
 if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by

@@ -1,8 +1,9 @@
-"""The Qwen3-Omni thinker's decode steps on a GPU (tiny checkpoint). In bfloat16 its MoE experts
-run grouped_mm (stages/qwen3_omni_moe/experts.py), so decode steps are captured and replayed; the
-tokens agree with eager steps (printed: padding changes GEMM shapes, so bf16 rounding may
-differ) and every token's rows for the talker come back. In float32 torch has no grouped GEMM on
-the GPU: the experts loop and decode stays eager, with the same tokens as the CPU.
+"""The Qwen3-Omni thinker's and talker's decode steps on a GPU (tiny checkpoint). In bfloat16
+their MoE experts run grouped_mm (stages/qwen3_omni_moe/experts.py), so decode steps are captured
+and replayed; the tokens agree with eager steps (printed: padding changes GEMM shapes, so bf16
+rounding may differ) and every token's rows for the talker come back; the whole pipeline speaks
+with both stages replaying. In float32 torch has no grouped GEMM on the GPU: the experts loop and
+decode stays eager, with the same tokens as the CPU.
 
 Run with `pytest -q tests/cuda -s`; skipped where torch sees no GPU (tests/conftest.py)."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import pytest
 from helpers import all_outputs, run_engine
 
+from omni import Omni
 from omni.config import load_config
 from omni.core.sampling_params import SamplingParams
 from omni.engine import StageEngine
@@ -65,3 +67,35 @@ def test_float32_thinker_stays_eager_with_cpu_tokens(qwen3_dir):
     got = run_engine(gpu, PROMPTS, GREEDY)
     want = run_engine(_thinker(qwen3_dir, device="cpu"), PROMPTS, GREEDY)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
+
+
+def test_bfloat16_pipeline_replays_thinker_and_talker_steps(qwen3_dir):
+    stages = ("thinker", "talker", "code2wav")
+    overrides: dict = {f"stages.{s}.engine.device": "cuda" for s in stages}
+    for stage in ("thinker", "talker"):
+        overrides[f"stages.{stage}.engine.dtype"] = "bfloat16"
+    prompts = [{"prompt": f"say something about the number {i}"} for i in range(3)]
+    params = [
+        SamplingParams(max_tokens=8, ignore_eos=True),
+        SamplingParams(max_tokens=16),
+        SamplingParams(max_tokens=1),
+    ]
+    runs = {}
+    for graphs in (True, False):
+        sets = {**overrides, **{f"stages.{s}.engine.cuda_graphs": graphs for s in stages[:2]}}
+        with Omni(model=qwen3_dir, runtime={"backend": "local"}, **sets) as omni:
+            outputs = omni.generate(prompts, params, use_tqdm=False)
+            stats = omni.stats()
+        for out in outputs:
+            assert out.error is None and out.final.audio.numel() > 0
+        for stage in ("thinker", "talker"):
+            assert (stats[stage].get("graph_steps", 0) > 0) == graphs, (stage, stats[stage])
+        runs[graphs] = [out.stages["talker"].token_ids for out in outputs]
+    same = sum(
+        a == b
+        for r, s in zip(runs[True], runs[False], strict=True)
+        for a, b in zip(r, s, strict=False)
+    )
+    share = same / max(sum(len(r) for r in runs[False]), 1)
+    print(f"\nQwen3-Omni talker, bfloat16 graph vs eager: {share:.1%} of codes equal")
+    assert share > 0.5

@@ -52,7 +52,7 @@ def test_thinker_and_talker_experts_run_grouped_on_the_cpu(qwen3_dir, thinker):
     assert thinker.decode_graph_blocker() is None
     talker = Qwen3OmniTalkerAdapter(qwen3_dir)
     assert experts.install(talker.talker, None) == talker.num_layers
-    assert experts.blocker(talker.talker) is None
+    assert experts.blocker(talker.talker) is None and talker.decode_graph_blocker() is None
 
 
 def test_looped_experts_keep_decode_eager(qwen3_dir, thinker):

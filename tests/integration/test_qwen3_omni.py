@@ -111,9 +111,10 @@ def test_speakers_differ(references):
     assert len(set(frames)) == len(frames)
 
 
-# padded: the thinker's decode steps run the CUDA-graph body (padded batches, mrope deltas on
-# every row, grouped_mm experts), eagerly here; chunked prompts join the decode batch one by one,
-# so 3 rows pad to 4 of the ladder [1, 2, 4, 6]. ahead: those steps also launch one ahead.
+# padded: the thinker's and talker's decode steps run their CUDA-graph bodies (padded batches,
+# mrope deltas on every row, grouped_mm experts; the talker's frame inputs built before its
+# body), eagerly here; chunked prompts join the decode batch one by one, so 3 rows pad to 4 of
+# the ladder [1, 2, 4, 6]. ahead: the thinker's steps also launch one ahead.
 PADDED = {"cuda_graphs": True, "max_num_seqs": 6, "max_num_batched_tokens": 48}
 
 
@@ -129,6 +130,8 @@ def test_pipeline_equals_transformers(qwen3_dir, references, caching, thinker):
         overrides[f"stages.{stage}.engine.block_size"] = 4
     for key, value in thinker.items():
         overrides[f"stages.thinker.engine.{key}"] = value
+        if key != "async_scheduling":  # the talker reads its fed codes on the host
+            overrides[f"stages.talker.engine.{key}"] = value
     prompts = _prompts()
     with Omni(model=qwen3_dir, runtime=RUNTIME, **overrides) as omni:
         rounds = [omni.generate(list(prompts.values()), PARAMS, use_tqdm=False) for _ in range(2)]
@@ -137,6 +140,8 @@ def test_pipeline_equals_transformers(qwen3_dir, references, caching, thinker):
         stats = engine.stats()
         assert (stats.get("padded_rows", 0) > 0) == bool(thinker), stats
         assert (stats["steps_launched_ahead"] > 0) == ("async_scheduling" in thinker), stats
+        talker = omni.backend.hosts["talker"].engine.stats()
+        assert (talker.get("padded_rows", 0) > 0) == bool(thinker), talker
         hits = {
             s: omni.backend.hosts[s].engine.stats()["kv_hit_tokens"] for s in ("thinker", "talker")
         }
