@@ -196,9 +196,13 @@ async def abort_mid_chunks(omni: Omni) -> None:
     raise AssertionError(f"still held after the abort: {engine.stats()}")
 
 
-def test_streaming_pipeline_equals_transformers(qwen3_dir, reference):
+@pytest.mark.parametrize("padded", [False, True], ids=["eager", "padded-decode"])
+def test_streaming_pipeline_equals_transformers(qwen3_dir, reference, padded):
+    """padded-decode: thinker and talker decode through their CUDA-graph bodies (run eagerly
+    here), the talker's rows arriving while it decodes."""
     runtime = {"backend": "local", "return_tensors": "all"}
-    with Omni(model=qwen3_dir, runtime=runtime, **ON_CPU) as omni:
+    graphs = {f"stages.{s}.engine.cuda_graphs": True for s in ("thinker", "talker") if padded}
+    with Omni(model=qwen3_dir, runtime=runtime, **ON_CPU, **graphs) as omni:
         spy = RowSpy(omni.backend.hosts["talker"].engine.model)
         snapshots = omni._call(collect(omni))
         partials = list(omni.stream([{"prompt": TEXT}], PARAMS, stream_audio=True))
@@ -206,6 +210,8 @@ def test_streaming_pipeline_equals_transformers(qwen3_dir, reference):
         stats = omni.stats()
         talker = omni.backend.hosts["talker"].engine.model.talker
     check_streamed(snapshots, reference)
+    for stage in ("thinker", "talker"):
+        assert (stats[stage].get("padded_decode_steps", 0) > 0) == padded, stats[stage]
     # The rows the talker read as they came are the finished thinker's embedding rows (those
     # of reply tokens 1.. fed before the last), bit for bit.
     thinker = snapshots[-1].stages["thinker"]
