@@ -21,6 +21,7 @@ import torch
 from omni.config import StageConfig
 from omni.config.validate import config_error
 from omni.runtime.fused_layers import install_fused_kernels
+from omni.runtime.model_runner import ModelRunner
 from omni.runtime.stage_model import ChunkJob
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,18 @@ def padded_decode(config: StageConfig, model: object, device: torch.device) -> b
             )
         return False
     return requested is True or device.type == "cuda"
+
+
+def capture_step_graphs(config: StageConfig, model: object, runner: ModelRunner) -> None:
+    """After the warm-up (so that the graphs return every output): the padded decode steps'
+    graphs, then, where those steps run, the adapter's own graphs of its step's sampling side
+    (`enable_cuda_graphs(max_num_seqs, required)`, e.g. a talker's code predictor; eager
+    buffers on the CPU, as the padded steps there)."""
+    required = config.engine.cuda_graphs is True
+    runner.capture_decode_graphs(required=required)
+    enable = getattr(model, "enable_cuda_graphs", None)
+    if runner.decode_graphs is not None and enable is not None:
+        enable(config.engine.max_num_seqs, required=required)
 
 
 def chunk_graphs(config: StageConfig, model: object, device: torch.device) -> bool:

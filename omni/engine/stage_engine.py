@@ -23,7 +23,7 @@ from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
 from omni.engine.device import device_stats, resolve_device, resolve_dtype
 from omni.engine.engine import run_until_done
 from omni.engine.gpu_profile import allocated_bytes
-from omni.engine.graph_plan import fuse_kernels, padded_decode
+from omni.engine.graph_plan import capture_step_graphs, fuse_kernels, padded_decode
 from omni.engine.output_rows import OutputRows
 from omni.engine.request_checks import check_request
 from omni.engine.stage_memory import StageMemory
@@ -113,8 +113,7 @@ class StageEngine:
             max_model_len=self.max_model_len,
         )
         self.runner.warm_up()  # outputs it discovers belong to step 0, before any request
-        # After warm-up, so that the graphs return every output.
-        self.runner.capture_decode_graphs(required=engine.cuda_graphs is True)
+        capture_step_graphs(config, model, self.runner)
         self.pipeline = StepPipeline.for_engine(self) if engine.async_scheduling else None
         self.num_steps = 0
         self.busy_s = 0.0  # time in step(): this stage's share of the pipeline's compute

@@ -14,7 +14,7 @@ codes, batched over every sampled row of the step (code_predictor.py).
 Decode steps of running requests also have a capturable body (padded steps, CUDA graphs where
 the experts run grouped, experts.py): decode_prepare builds each row's input (the fed frame's
 code embeddings summed, plus its text row) and does forward's bookkeeping; decode_forward runs
-the MoE decoder on those rows. The code predictor stays eager.
+the MoE decoder on those rows; greedy steps replay the code predictor too (code_predictor.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from stages.meta_build import build_empty
 from stages.qwen2_5_omni.part_loader import load_rows
 from stages.qwen2_5_omni.talker_penalty import SeenCodes
 from stages.qwen3_omni_moe import experts
-from stages.qwen3_omni_moe.code_predictor import residual_codes
+from stages.qwen3_omni_moe.code_predictor import CodePredictor
 from stages.qwen3_omni_moe.talker_inputs import TalkerRequestState, build_state, check_extras
 from stages.qwen3_omni_moe.weights import load_part
 
@@ -121,7 +121,7 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         suppress[self.eos_token_id] = False
         self._suppress = suppress.to(self.device)
         self._seen = SeenCodes(text.vocab_size, self.device)
-        self._sampler = Sampler(0, device=self.device)
+        self._predictor = CodePredictor(talker, Sampler(0, device=self.device))
         self._states: dict[str, TalkerRequestState] = {}
         self._sample_ids: list[str] = []
 
@@ -253,12 +253,9 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         """embeds: each row's input from decode_prepare (the ids are in it already)."""
         if embeds is None:
             raise ValueError("the talker's decode body needs its rows' inputs (embeds)")
-        out = self.talker.model(
-            inputs_embeds=embeds.unsqueeze(0),
-            position_ids=positions.unsqueeze(1),  # [3, 1, B]
-            use_cache=False,
-            omni_attn=attn,
-        )
+        rows = positions.unsqueeze(1)  # [3, 1, B]
+        out = self.talker.model(inputs_embeds=embeds[None], position_ids=rows, omni_attn=attn,
+                                use_cache=False)  # fmt: skip
         return ModelOutputs(hidden_states=out.last_hidden_state[0])
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -290,9 +287,11 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         num_output_tokens: list[int],
     ) -> torch.Tensor:
         """The code predictor's residual codes of every sampled row (code_predictor.py)."""
-        return residual_codes(
-            self.talker, self._sampler, hidden_states, token_ids, params, num_output_tokens
-        )
+        return self._predictor(hidden_states, token_ids, params, num_output_tokens)
+
+    def enable_cuda_graphs(self, max_rows: int, *, required: bool = False) -> None:
+        """With padded decode steps: greedy steps' code predictor as CUDA graphs too."""
+        self._predictor.enable_graphs(max_rows, required=required)
 
 
 if TYPE_CHECKING:  # mypy checks the adapter against the contract its engine calls it by

@@ -2,7 +2,7 @@
 their MoE experts run grouped_mm (stages/qwen3_omni_moe/experts.py), so decode steps are captured
 and replayed; the tokens agree with eager steps (printed: padding changes GEMM shapes, so bf16
 rounding may differ) and every token's rows for the talker come back; the whole pipeline speaks
-with both stages replaying. In float32 torch has no grouped GEMM on the GPU: the experts loop and
+with both stages replaying, the talker's code predictor too. In float32 torch has no grouped GEMM on the GPU: the experts loop and
 decode stays eager, with the same tokens as the CPU.
 
 Run with `pytest -q tests/cuda -s`; skipped where torch sees no GPU (tests/conftest.py)."""
@@ -86,6 +86,10 @@ def test_bfloat16_pipeline_replays_thinker_and_talker_steps(qwen3_dir):
         with Omni(model=qwen3_dir, runtime={"backend": "local"}, **sets) as omni:
             outputs = omni.generate(prompts, params, use_tqdm=False)
             stats = omni.stats()
+            predictor = omni.backend.hosts["talker"].engine.model._predictor
+        if graphs:  # greedy frames: the code predictor replayed too, every size captured
+            assert predictor.graphs.failure is None and predictor.num_replayed > 0
+            assert predictor.graphs.num_captures == len(predictor.ladder)
         for out in outputs:
             assert out.error is None and out.final.audio.numel() > 0
         for stage in ("thinker", "talker"):
