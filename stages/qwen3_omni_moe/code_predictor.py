@@ -79,6 +79,7 @@ class CodePredictor:
         self.ladder: list[int] = []
         self.num_replayed = 0  # steps whose residual codes came from a graph (or its buffers)
 
+    @torch.inference_mode()  # as the steps that replay them
     def enable_graphs(self, max_rows: int, *, required: bool = False) -> None:
         """Greedy steps of up to max_rows rows through padded graphs, every size captured now
         (a capture that fails leaves them eager, unless required)."""
