@@ -42,10 +42,18 @@ from kernels.triton_launch import HAVE_TRITON
 logger = logging.getLogger(__name__)
 
 # Classes whose forward was checked line by line against the fused one (transformers 5.23).
-NORM_CLASSES = frozenset({"Qwen2RMSNorm", "LlamaRMSNorm", "Qwen2_5OmniRMSNorm"})
-LAYER_CLASSES = frozenset({"Qwen2DecoderLayer", "LlamaDecoderLayer", "Qwen2_5OmniDecoderLayer"})
+# Qwen3-Omni's (thinker text model, talker, code predictor): the norms (q_norm and k_norm too),
+# the layers' residual adds, the dense MLPs; not its attention (q_norm/k_norm before rotary) nor
+# its MoE blocks.
+NORM_CLASSES = frozenset({"Qwen2RMSNorm", "LlamaRMSNorm", "Qwen2_5OmniRMSNorm",
+                          "Qwen3OmniMoeThinkerTextRMSNorm", "Qwen3OmniMoeTextRMSNorm",
+                          "Qwen3OmniMoeRMSNorm"})  # fmt: skip
+LAYER_CLASSES = frozenset({"Qwen2DecoderLayer", "LlamaDecoderLayer", "Qwen2_5OmniDecoderLayer",
+                           "Qwen3OmniMoeThinkerTextDecoderLayer", "Qwen3OmniMoeTalkerDecoderLayer",
+                           "Qwen3OmniMoeTalkerCodePredictorDecoderLayer"})  # fmt: skip
 ATTENTION_CLASSES = frozenset({"Qwen2Attention", "LlamaAttention", "Qwen2_5OmniAttention"})
-MLP_CLASSES = frozenset({"Qwen2MLP", "LlamaMLP", "Qwen2_5OmniMLP"})
+MLP_CLASSES = frozenset({"Qwen2MLP", "LlamaMLP", "Qwen2_5OmniMLP", "Qwen3OmniMoeThinkerTextMLP",
+                         "Qwen3OmniMoeMLP", "Qwen3OmniMoeTalkerTextMLP"})  # fmt: skip
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})
 FUSED = "_omni_fused"  # instance attribute: the fused projection of an attention/MLP module
 

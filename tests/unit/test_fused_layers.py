@@ -255,3 +255,60 @@ def test_qwen2_5_omni_text_models():
     x = torch.randn(10, mlp.hidden_size, generator=gen).to(DEVICE)
     with torch.no_grad():
         torch.testing.assert_close(fused_mlp(x), mlp(x), atol=1e-5, rtol=1e-5)
+
+
+def test_qwen3_omni_text_models():
+    """Qwen3-Omni's thinker text model (MoE layers, q_norm/k_norm, 3-D positions, a recorded
+    hidden layer), talker model (MoE with a gated shared expert) and code predictor: their
+    norms, layers and dense MLPs fused, their attention and MoE blocks left as they are."""
+    from collections import Counter
+
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as q3
+
+    from omni.runtime.fused_layers import FORWARDS
+    from tools.tiny_qwen3_omni import SPECIALS, omni_config
+
+    config = omni_config("tiny", {s: 400 + i for i, s in enumerate(SPECIALS)})
+    gen = torch.Generator().manual_seed(3)
+    positions = torch.stack([torch.arange(6), torch.arange(6) // 2, torch.arange(6) % 3])
+    talker = config.talker_config
+    for model_class, sub_config, position_ids, record in (
+        (q3.Qwen3OmniMoeThinkerTextModel, config.thinker_config.text_config, positions[:, None], 1),
+        (q3.Qwen3OmniMoeTalkerModel, talker.text_config, positions[:, None], None),
+        (q3.Qwen3OmniMoeTalkerCodePredictorModel, talker.code_predictor_config, None, None),
+    ):
+        sub_config._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        model = model_class(sub_config).eval()
+        with torch.no_grad():  # the experts' parameters are left uninitialised (torch.empty)
+            for param in model.parameters():
+                param.normal_(0.0, 0.05) if param.dim() > 1 else param.uniform_(0.5, 1.5)
+        model = model.to(DEVICE)
+        fused = copy.deepcopy(model)
+        assert install_fused_kernels(fused, interpret_on_cpu=True) > 0
+        kinds = Counter(
+            next(k for k, f in FORWARDS.items() if m.forward.__func__ is f)
+            for m in fused.modules()
+            if "forward" in m.__dict__
+        )
+        layers = sub_config.num_hidden_layers
+        # Every layer's two norms, q_norm and k_norm, and the final norm; every layer.
+        assert kinds["norm"] == 4 * layers + 1 and kinds["layer"] == layers, kinds
+        assert "attention" not in kinds, kinds
+        # Dense MLPs: the talker's shared experts and the code predictor's; none in the thinker.
+        assert kinds["mlp"] == (0 if record is not None else layers), kinds
+        embeds = torch.randn(1, 6, sub_config.hidden_size, generator=gen).to(DEVICE)
+        kwargs = {"inputs_embeds": embeds}
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids.to(DEVICE)
+        if record is not None:
+            kwargs["output_hidden_states"] = [record]
+        with torch.no_grad():
+            want, got = model(**kwargs), fused(**kwargs)
+        torch.testing.assert_close(
+            got.last_hidden_state, want.last_hidden_state, atol=1e-5, rtol=1e-5
+        )
+        if record is not None:  # what the talker reads: the recorded layer's output
+            torch.testing.assert_close(
+                got.hidden_states[record], want.hidden_states[record], atol=1e-5, rtol=1e-5
+            )
