@@ -42,16 +42,18 @@ from kernels.triton_launch import HAVE_TRITON
 logger = logging.getLogger(__name__)
 
 # Classes whose forward was checked line by line against the fused one (transformers 5.23).
-# Qwen3-Omni's (thinker text model, talker, code predictor): the norms (q_norm and k_norm too),
-# the layers' residual adds, the dense MLPs; not its attention (q_norm/k_norm before rotary) nor
-# its MoE blocks.
+# Qwen3-Omni's (thinker text model, talker, code predictor): the norms, the layers' residual
+# adds, the attention (q_norm and k_norm on the fused projection's heads, before rotary), the
+# dense MLPs; not its MoE blocks.
 NORM_CLASSES = frozenset({"Qwen2RMSNorm", "LlamaRMSNorm", "Qwen2_5OmniRMSNorm",
                           "Qwen3OmniMoeThinkerTextRMSNorm", "Qwen3OmniMoeTextRMSNorm",
                           "Qwen3OmniMoeRMSNorm"})  # fmt: skip
 LAYER_CLASSES = frozenset({"Qwen2DecoderLayer", "LlamaDecoderLayer", "Qwen2_5OmniDecoderLayer",
                            "Qwen3OmniMoeThinkerTextDecoderLayer", "Qwen3OmniMoeTalkerDecoderLayer",
                            "Qwen3OmniMoeTalkerCodePredictorDecoderLayer"})  # fmt: skip
-ATTENTION_CLASSES = frozenset({"Qwen2Attention", "LlamaAttention", "Qwen2_5OmniAttention"})
+ATTENTION_CLASSES = frozenset({"Qwen2Attention", "LlamaAttention", "Qwen2_5OmniAttention",
+                               "Qwen3OmniMoeThinkerTextAttention",
+                               "Qwen3OmniMoeTalkerCodePredictorAttention"})  # fmt: skip
 MLP_CLASSES = frozenset({"Qwen2MLP", "LlamaMLP", "Qwen2_5OmniMLP", "Qwen3OmniMoeThinkerTextMLP",
                          "Qwen3OmniMoeMLP", "Qwen3OmniMoeTalkerTextMLP"})  # fmt: skip
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})
@@ -116,6 +118,10 @@ def _attention_forward(
     input_shape = hidden_states.shape[:-1]
     qkv = nn.functional.linear(hidden_states, fused.weight, fused.bias)
     heads = qkv.view(*input_shape, num_heads + 2 * num_kv_heads, self.head_dim)
+    if hasattr(self, "q_norm"):  # Qwen3: each head of q and k RMS-normed before rotary
+        kv_end = num_heads + num_kv_heads
+        heads[..., :num_heads, :] = self.q_norm(heads[..., :num_heads, :])
+        heads[..., num_heads:kv_end, :] = self.k_norm(heads[..., num_heads:kv_end, :])
     if position_embeddings is None:
         raise ValueError(f"{type(self).__name__} needs position_embeddings")
     cos, sin = position_embeddings

@@ -260,7 +260,8 @@ def test_qwen2_5_omni_text_models():
 def test_qwen3_omni_text_models():
     """Qwen3-Omni's thinker text model (MoE layers, q_norm/k_norm, 3-D positions, a recorded
     hidden layer), talker model (MoE with a gated shared expert) and code predictor: their
-    norms, layers and dense MLPs fused, their attention and MoE blocks left as they are."""
+    norms, layers, attention (q/k norms on the fused heads) and dense MLPs fused, their MoE
+    blocks left as they are."""
     from collections import Counter
 
     from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as q3
@@ -294,7 +295,7 @@ def test_qwen3_omni_text_models():
         layers = sub_config.num_hidden_layers
         # Every layer's two norms, q_norm and k_norm, and the final norm; every layer.
         assert kinds["norm"] == 4 * layers + 1 and kinds["layer"] == layers, kinds
-        assert "attention" not in kinds, kinds
+        assert kinds["attention"] == layers, kinds
         # Dense MLPs: the talker's shared experts and the code predictor's; none in the thinker.
         assert kinds["mlp"] == (0 if record is not None else layers), kinds
         embeds = torch.randn(1, 6, sub_config.hidden_size, generator=gen).to(DEVICE)
