@@ -94,6 +94,7 @@ def test_bfloat16_pipeline_replays_thinker_and_talker_steps(qwen3_dir):
             assert out.error is None and out.final.audio.numel() > 0
         for stage in ("thinker", "talker"):
             assert (stats[stage].get("graph_steps", 0) > 0) == graphs, (stage, stats[stage])
+            assert stats[stage]["fused_modules"] > 0, (stage, stats[stage])  # norms, layers, ...
         runs[graphs] = [out.stages["talker"].token_ids for out in outputs]
     same = sum(
         a == b
