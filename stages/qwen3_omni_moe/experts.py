@@ -12,7 +12,11 @@ float16 on a GPU) the loop stays, and the thinker's decode steps stay eager.
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+logger = logging.getLogger(__name__)
 
 CAPTURABLE = "grouped_mm"
 
@@ -20,12 +24,35 @@ CAPTURABLE = "grouped_mm"
 def choose(device: torch.device, dtype: torch.dtype, *dims: int) -> str | None:
     """The capturable implementation where torch has a kernel for it, else None (the loop).
     `dims`: the experts' matrix sizes (hidden, intermediate); the GPU kernel wants rows of a
-    multiple of 16 bytes."""
+    multiple of 16 bytes. On a GPU one small grouped GEMM is tried first: any failure keeps
+    the loop (logged), never a stage that cannot start."""
     if device.type == "cpu":
         return CAPTURABLE
-    if device.type == "cuda" and dtype == torch.bfloat16 and all(d % 8 == 0 for d in dims):
-        return CAPTURABLE if torch.cuda.get_device_capability(device) >= (8, 0) else None
-    return None
+    if device.type != "cuda" or dtype != torch.bfloat16 or any(d % 8 for d in dims):
+        return None
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return None
+    try:
+        _probe(device, *(dims or (8, 8))[:2])
+    except Exception as e:  # e.g. a torch without the kernel: the loop is always there
+        logger.warning("MoE experts stay on transformers' loop: grouped_mm failed (%s)", e)
+        return None
+    return CAPTURABLE
+
+
+def _probe(device: torch.device, hidden: int, inner: int = 8) -> None:
+    """transformers' grouped GEMM as its experts call it: [tokens, hidden] rows against
+    [experts, inner, hidden] weights (transposed), split by int32 offsets."""
+    from transformers.integrations.moe import _grouped_mm
+
+    rows = torch.zeros(4, hidden, dtype=torch.bfloat16, device=device)
+    weight = torch.zeros(2, inner, hidden, dtype=torch.bfloat16, device=device)
+    offsets = torch.tensor([2, 4], dtype=torch.int32, device=device)
+    out = _grouped_mm(rows, weight.transpose(-2, -1), offs=offsets)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # a kernel that fails asynchronously fails here
+    if out.shape != (4, inner):
+        raise RuntimeError(f"grouped_mm gave {tuple(out.shape)}, not (4, {inner})")
 
 
 def install(model: torch.nn.Module, implementation: str | None) -> int:

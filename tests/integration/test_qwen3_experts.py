@@ -36,12 +36,39 @@ def test_choice_by_device_and_dtype(monkeypatch):
     assert experts.choose(cpu, torch.float32) == "grouped_mm"
     assert experts.choose(gpu, torch.float32) is None  # torch's grouped GEMM is bf16-only there
     assert experts.choose(gpu, torch.float16) is None
+    probed = []
+    monkeypatch.setattr(experts, "_probe", lambda device, *dims: probed.append(dims))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert experts.choose(gpu, torch.bfloat16) == "grouped_mm"
     assert experts.choose(gpu, torch.bfloat16, 2048, 768) == "grouped_mm"
+    assert probed == [(2048, 768)]  # tried once on the device first
     assert experts.choose(gpu, torch.bfloat16, 2048, 36) is None  # rows not 16-byte aligned
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    assert experts.choose(gpu, torch.bfloat16) is None
+    assert experts.choose(gpu, torch.bfloat16, 2048, 768) is None
+
+
+def test_a_failing_grouped_gemm_keeps_the_loop(monkeypatch, caplog):
+    """A GPU whose torch lacks the kernel (or rejects the layout) keeps transformers' loop: the
+    stage starts, its decode steps eager."""
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+    def unsupported(device, *dims):
+        raise RuntimeError("grouped gemm is not supported here")
+
+    monkeypatch.setattr(experts, "_probe", unsupported)
+    assert experts.choose(gpu, torch.bfloat16, 2048, 768) is None
+    assert "grouped_mm failed (grouped gemm is not supported here)" in caplog.text
+
+
+def test_the_probe_runs_transformers_grouped_gemm(monkeypatch):
+    """The probe calls the experts' dispatcher with their layout (here on the CPU, in bf16), and
+    a wrong result is a failure too."""
+    from transformers.integrations import moe
+
+    experts._probe(torch.device("cpu"), 16, 8)
+    monkeypatch.setattr(moe, "_grouped_mm", lambda rows, weight, offs: rows)
+    with pytest.raises(RuntimeError, match=r"grouped_mm gave \(4, 16\), not \(4, 8\)"):
+        experts._probe(torch.device("cpu"), 16, 8)
 
 
 def test_thinker_and_talker_experts_run_grouped_on_the_cpu(qwen3_dir, thinker):
