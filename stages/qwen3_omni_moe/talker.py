@@ -32,6 +32,7 @@ from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler_output import ScheduledRequest
 from omni.messages import InputDelta, StageInput
 from omni.runtime.attention import ATTENTION_NAME, AttentionMetadata, register_paged_attention
+from omni.runtime.host_upload import upload
 from omni.runtime.sampler import Sampler
 from omni.runtime.stage_model import (
     DecodeInputs,
@@ -49,6 +50,7 @@ from stages.qwen3_omni_moe.talker_inputs import TalkerRequestState, build_state,
 from stages.qwen3_omni_moe.weights import load_part
 
 Frame = tuple[TalkerRequestState, int, tuple[int, ...], int]  # state, code 0, the rest, position
+Attn = AttentionMetadata
 
 
 def speaker_key(name: str) -> int:
@@ -186,22 +188,22 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
                 rows[:, :num_prompt] = table[:, first : first + num_prompt]
             positions.append(rows)
         if marks:
-            slots, codes = torch.tensor(marks, device=self.device).unbind(1)
-            self._seen.mark(slots, codes)
+            self._seen.mark(*upload([np.array(marks)], self.device)[0].unbind(1))  # slots, codes
         self._sample_ids = [e.request_id for e in inputs.scheduled if e.sample]
-        out = self.talker.model(
-            inputs_embeds=torch.cat(embeds).unsqueeze(0),
-            position_ids=torch.cat(positions, dim=1).to(self.device).unsqueeze(1),  # [3, 1, T]
-            use_cache=False,
-            omni_attn=inputs.attn,
-        )
+        rows = torch.cat(positions, dim=1).to(self.device).unsqueeze(1)  # [3, 1, T]
+        return self._body(torch.cat(embeds), rows, inputs.attn)
+
+    def _body(self, embeds: torch.Tensor, rows: torch.Tensor, attn: Attn) -> ModelOutputs:
+        out = self.talker.model(inputs_embeds=embeds[None], position_ids=rows, omni_attn=attn,
+                                use_cache=False)  # fmt: skip
         return ModelOutputs(hidden_states=out.last_hidden_state[0])
 
-    def _frame_inputs(self, frames: list[Frame]) -> torch.Tensor:
+    def _frame_inputs(self, frames: list[Frame], codes: torch.Tensor | None = None) -> torch.Tensor:
         """Inputs of decode positions, one per (state, code 0, residual codes, position): the
         frame's code embeddings summed, plus the position's text row (the thinker's trailing
-        rows, then tts_pad)."""
-        codes = torch.tensor([[code, *rest] for _, code, rest, _ in frames], device=self.device)
+        rows, then tts_pad). codes: the frames' [n, groups] on the device, if uploaded already."""
+        if codes is None:
+            (codes,) = upload([np.array([[c, *rest] for _, c, rest, _ in frames])], self.device)
         predictor = self.talker.code_predictor.get_input_embeddings()
         parts = [self.talker.get_input_embeddings()(codes[:, 0])]
         parts += [predictor[g - 1](codes[:, g]) for g in range(1, self.num_code_groups)]
@@ -236,12 +238,15 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
             if state is None or position < state.prompt_len:
                 return None
             frames.append((state, entry.token_ids[0], entry.fed_codes[0], position))
-        slots = torch.tensor([self._seen.slot(e.request_id) for e in scheduled], device=self.device)
-        self._seen.mark(slots, torch.tensor([f[1] for f in frames], device=self.device))
+        slots = np.array([self._seen.slot(e.request_id) for e in scheduled])
+        codes, slots_on_device = upload(  # one non-blocking copy (host_upload.py)
+            [np.array([[c, *rest] for _, c, rest, _ in frames]), slots], self.device
+        )
+        self._seen.mark(slots_on_device, codes[:, 0])
         self._sample_ids = [e.request_id for e in scheduled if e.sample]
         deltas = np.array([state.delta for state, _, _, _ in frames], dtype=positions.dtype)
         rows = np.repeat((positions + deltas)[None], 3, axis=0)
-        return DecodeInputs(rows, self._frame_inputs(frames))
+        return DecodeInputs(rows, self._frame_inputs(frames, codes))
 
     def decode_forward(
         self,
@@ -253,10 +258,7 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         """embeds: each row's input from decode_prepare (the ids are in it already)."""
         if embeds is None:
             raise ValueError("the talker's decode body needs its rows' inputs (embeds)")
-        rows = positions.unsqueeze(1)  # [3, 1, B]
-        out = self.talker.model(inputs_embeds=embeds[None], position_ids=rows, omni_attn=attn,
-                                use_cache=False)  # fmt: skip
-        return ModelOutputs(hidden_states=out.last_hidden_state[0])
+        return self._body(embeds, positions.unsqueeze(1), attn)  # positions [3, 1, B]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.talker.codec_head(hidden_states).float()
