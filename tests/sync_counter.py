@@ -82,8 +82,9 @@ def why_it_syncs(func: Any, args: tuple, kwargs: dict) -> str | None:
             return "bool-mask indexing"
         return None
     if func in FROM_PYTHON:
-        # A 0-dim one is a Python scalar (`x[mask] = 1.0`): kernels take CPU scalars by value.
-        return "tensor from Python data" if args[0].dim() else None
+        # A 0-dim one is a Python scalar (`x[mask] = 1.0`): kernels take CPU scalars by value;
+        # an empty one (`torch.tensor([])`, a cache's placeholder) has nothing to copy.
+        return "tensor from Python data" if args[0].dim() and args[0].numel() else None
     if func in COPIES and _blocking_copy(func, args, kwargs):
         return "blocking copy between devices"
     return None

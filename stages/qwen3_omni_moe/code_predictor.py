@@ -91,8 +91,7 @@ class CodePredictor:
         for rows in self.ladder:
             self._entry(rows, param)
 
-    @torch.no_grad()
-    def __call__(
+    def __call__(  # in the runner's inference mode
         self,
         hidden_states: torch.Tensor,
         token_ids: torch.Tensor,

@@ -199,9 +199,8 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         return ModelOutputs(hidden_states=out.last_hidden_state[0])
 
     def _frame_inputs(self, frames: list[Frame], codes: torch.Tensor | None = None) -> torch.Tensor:
-        """Inputs of decode positions, one per (state, code 0, residual codes, position): the
-        frame's code embeddings summed, plus the position's text row (the thinker's trailing
-        rows, then tts_pad). codes: the frames' [n, groups] on the device, if uploaded already."""
+        """Inputs of decode positions, one per frame: its codes' embeddings summed, plus its text
+        row (thinker's trailing rows, then tts_pad). codes: [n, groups] if uploaded already."""
         if codes is None:
             (codes,) = upload([np.array([[c, *rest] for _, c, rest, _ in frames])], self.device)
         predictor = self.talker.code_predictor.get_input_embeddings()
@@ -271,13 +270,14 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
                      for r, s in zip(self._sample_ids, states, strict=True)]  # fmt: skip
             groups = [penalties.index(s.repetition_penalty) if s.repetition_penalty != 1.0 else 0
                       for s in states]  # fmt: skip
-            index = torch.tensor([slots, groups], device=logits.device)
+            (index,) = upload([np.array([slots, groups])], logits.device)  # no blocking copy
             logits = self._seen.penalize(logits, index[0], index[1], penalties)
         logits = logits.masked_fill(self._suppress, float("-inf"))
         silent = [i for i, s in enumerate(states) if s.silent]
         if silent:  # nothing to speak: the first code is codec EOS
-            logits[silent] = float("-inf")
-            logits[silent, self.eos_token_id] = 0.0
+            (rows,) = upload([np.array(silent)], logits.device)
+            logits[rows] = float("-inf")
+            logits[rows, self.eos_token_id] = 0.0
         return logits
 
     def sample_codes(

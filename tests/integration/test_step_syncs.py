@@ -38,11 +38,14 @@ COMPONENTS = {
 NUM_COUNTED = 4
 
 
-def count_decode_steps(engine: StageEngine, num_requests: int) -> SyncCounter:
-    """Step until every request decodes, then count NUM_COUNTED pure decode steps."""
+def count_decode_steps(
+    engine: StageEngine, num_requests: int, components: dict | None = None
+) -> SyncCounter:
+    """Step until every request decodes, then count NUM_COUNTED pure decode steps, charged to
+    `components` (default: COMPONENTS)."""
     for _ in range(3):
         engine.step()
-    with SyncCounter(COMPONENTS) as counter:
+    with SyncCounter(components or COMPONENTS) as counter:
         for _ in range(NUM_COUNTED):
             scheduled = engine.scheduler.schedule()
             entries = scheduled.scheduled
