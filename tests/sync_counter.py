@@ -22,6 +22,7 @@ instance); calls outside all of them go to "other".
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -104,7 +105,10 @@ class SyncCounter(TorchDispatchMode):
         self._codes: dict[Any, str] = {}
         for name, functions in components.items():
             for function in functions if isinstance(functions, Iterable) else [functions]:
-                self._codes[getattr(function, "__func__", function).__code__] = name
+                # The function's own code, not a decorator's (torch.no_grad's wrapper code is
+                # shared by every decorated function: it would claim all of their frames).
+                unwrapped = inspect.unwrap(getattr(function, "__func__", function))
+                self._codes[unwrapped.__code__] = name
         self.counts: dict[str, list[str]] = defaultdict(list)
         self.sites: dict[str, list[str]] = defaultdict(list)  # "file:line reason", as counts
         self._in_from_numpy = 0
