@@ -67,3 +67,25 @@ def test_innermost_component_wins():
         outer(torch.ones(4))
     assert counter.of("reads") == ["scalar read"] * 3 + ["tolist"]
     assert counter.of("outer") == ["tolist"]
+
+
+@torch.no_grad()
+def _decorated(x: torch.Tensor) -> None:
+    x.tolist()
+
+
+@torch.no_grad()
+def _other_decorated(x: torch.Tensor) -> None:
+    x.tolist()
+
+
+def test_a_decorated_component_claims_its_own_frames_only():
+    """torch.no_grad's wrapper code is shared by every decorated function: a component listed
+    decorated is keyed by its own code, so another decorated function's calls are not its."""
+    x = torch.arange(3.0)
+    with SyncCounter({"mine": [_decorated]}) as counter:
+        _decorated(x)
+        _other_decorated(x)
+        torch.tensor([])  # empty: nothing to copy
+    assert counter.of("mine") == ["tolist"]
+    assert counter.of(OTHER) == ["tolist"]
