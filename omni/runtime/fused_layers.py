@@ -38,6 +38,7 @@ from kernels.fused_activation import silu_and_mul
 from kernels.fused_norm import MAX_HIDDEN, add_rms_norm, rms_norm
 from kernels.fused_rotary import rotary_, rotary_and_cache_
 from kernels.triton_launch import HAVE_TRITON
+from omni.runtime.fused_residual import finish_layer, link_next_norms, take_handed, unlink
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,12 @@ class FusedProjection:
 
 
 def _norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    handed = take_handed(self, hidden_states)  # the previous layer's last add normed it
+    return (
+        handed
+        if handed is not None
+        else rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    )
 
 
 def _layer_forward(
@@ -83,7 +89,8 @@ def _layer_forward(
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """transformers' decoder layer with the first residual add fused into the second norm."""
+    """transformers' decoder layer with the first residual add fused into the second norm, and
+    the last into the next norm (fused_residual.py)."""
     attn_out, _ = self.self_attn(
         hidden_states=self.input_layernorm(hidden_states),
         attention_mask=attention_mask,
@@ -99,7 +106,7 @@ def _layer_forward(
     else:  # not met by the listed classes; kept exact rather than assumed
         residual = hidden_states + attn_out
         normed = norm(residual)
-    return residual + self.mlp(normed)
+    return finish_layer(self, residual, self.mlp(normed))  # + the next norm (fused_residual.py)
 
 
 def _attention_forward(
@@ -257,6 +264,7 @@ def install_fused_kernels(model: nn.Module, *, interpret_on_cpu: bool = False) -
             module.__dict__[FUSED] = fused
         module.forward = types.MethodType(FORWARDS[kind], module)
         patched += 1
+    link_next_norms(model, _norm_forward, _layer_forward)
     logger.info("fused kernels installed on %d modules", patched)
     return patched
 
@@ -265,6 +273,7 @@ def uninstall_fused_kernels(model: nn.Module) -> int:
     """Restore the original forwards (benchmarks, tests); returns how many were restored. The
     weights stay concatenated, which the original forwards read as before."""
     restored = 0
+    unlink(model)
     for module in model.modules():
         forward = module.__dict__.get("forward")
         if isinstance(forward, types.MethodType) and forward.__func__ in FORWARDS.values():

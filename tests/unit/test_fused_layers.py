@@ -99,6 +99,47 @@ def test_a_foreign_forward_is_kept():
     assert norm.forward(torch.ones(2)).tolist() == [1.0, 1.0]
 
 
+def test_each_layer_hands_its_sum_to_the_next_norm(monkeypatch):
+    """A layer's last residual add runs as one add_rms_norm with the next norm (the next layer's
+    input norm, the last layer's the final norm; omni/runtime/fused_residual.py): per forward
+    one plain rms_norm (the first layer's input) and two add_rms_norm per layer, with
+    transformers' output. A tensor other than the one handed over is normed as before."""
+    from omni.runtime import fused_layers, fused_residual
+
+    model, fused = make_pair("qwen2", torch.float32)
+    layers = fused.model.layers
+    assert [layer.__dict__[fused_residual.NEXT_NORM] for layer in layers] == [
+        layers[1].input_layernorm,
+        fused.model.norm,
+    ]
+    calls = {"rms_norm": 0, "add_rms_norm": 0}
+
+    def counted(name, function):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(fused_layers, "rms_norm", counted("rms_norm", fused_layers.rms_norm))
+    for module in (fused_layers, fused_residual):
+        monkeypatch.setattr(module, "add_rms_norm", counted("add_rms_norm", module.add_rms_norm))
+    ids = torch.tensor([[5, 17, 99, 3, 64]], device=DEVICE)
+    with torch.no_grad():
+        want, got = model(ids).logits, fused(ids).logits
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+    assert calls == {"rms_norm": 1, "add_rms_norm": 2 * TINY["num_hidden_layers"]}
+    # Handed over for one tensor only: another one (here the sum changed, as deepstack does)
+    # is normed itself.
+    norm = fused.model.norm
+    hidden = torch.randn(1, 3, 64, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    out = fused_residual.finish_layer(layers[1], hidden, torch.ones_like(hidden))
+    torch.testing.assert_close(norm(out + 1), model.model.norm(hidden + 2))
+    assert fused_residual.HANDED not in norm.__dict__  # taken (and dropped) by that call
+    assert fused_layers.uninstall_fused_kernels(fused) == PATCHED
+    assert all(fused_residual.NEXT_NORM not in layer.__dict__ for layer in layers)
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decoder_layer_matches_transformers(family, dtype):
@@ -302,8 +343,12 @@ def test_qwen3_omni_text_models():
         kwargs = {"inputs_embeds": embeds}
         if position_ids is not None:
             kwargs["position_ids"] = position_ids.to(DEVICE)
-        if record is not None:
+        if record is not None:  # the thinker: deepstack rows added after its first 2 layers
             kwargs["output_hidden_states"] = [record]
+            mask = torch.tensor([[False, True, True, False, False, False]], device=DEVICE)
+            rows = [torch.randn(2, sub_config.hidden_size, generator=gen) for _ in range(2)]
+            kwargs["visual_pos_masks"] = mask
+            kwargs["deepstack_visual_embeds"] = [r.to(DEVICE) for r in rows]
         with torch.no_grad():
             want, got = model(**kwargs), fused(**kwargs)
         torch.testing.assert_close(
