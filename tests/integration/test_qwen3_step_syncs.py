@@ -45,7 +45,7 @@ def qwen3_dir(one_torch_thread):
     return str(ensure_checkpoint("qwen3_omni_moe", "tiny"))
 
 
-def talker_counts(qwen3_dir: str, **engine: object) -> SyncCounter:
+def talker_counts(qwen3_dir: str, **engine: object) -> tuple[SyncCounter, StageEngine]:
     """Three requests from the thinker (two speakers, one with a repetition penalty of 1.3)."""
     overrides = {f"stages.{s}.engine.device": "cpu" for s in ("thinker", "talker", "code2wav")}
     overrides.update({f"stages.talker.engine.{k}": v for k, v in engine.items()})
@@ -68,11 +68,15 @@ def talker_counts(qwen3_dir: str, **engine: object) -> SyncCounter:
         stage_input = edge({"thinker": results[request_id]}, prompt)
         extras = {**stage_input.extras, "repetition_penalty": 1.3 if i == 2 else 1.05}
         engine_.add_request(dataclasses.replace(stage_input, sampling_params=params, extras=extras))
-    return count_decode_steps(engine_, len(prompts), COMPONENTS)
+    return count_decode_steps(engine_, len(prompts), COMPONENTS), engine_
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["eager", "padded-decode"])
 def test_talker_decode_step_syncs(qwen3_dir, padded):
-    counter = talker_counts(qwen3_dir, cuda_graphs=padded, max_num_seqs=4)
+    counter, engine = talker_counts(qwen3_dir, cuda_graphs=padded, max_num_seqs=4)
     assert counter.of("talker") == []
     assert counter.of("sampler") == ["tolist"] * 4
+    # padded: the counted steps ran the decode body (3 rows padded to 4) and the predictor's
+    # padded graph buffers
+    assert (engine.stats().get("padded_rows", 0) >= 4) == padded
+    assert (engine.model._predictor.num_replayed >= 4) == padded
