@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from omni.core.request import MultiModalInput
+from omni.core.scheduler_output import ScheduledRequest
 
 
 @dataclass
@@ -77,3 +79,23 @@ def mrope_positions(
         next_pos = int(segment.max()) + 1
         cursor = item.mm.offset + item.mm.length
     return torch.cat(segments, dim=1).long(), next_pos - cursor
+
+
+def decode_rows(
+    scheduled: list[ScheduledRequest], positions: np.ndarray, state_of: Callable[[str], Any]
+) -> np.ndarray | None:
+    """A padded decode step's [3, n] positions (the thinkers' decode_prepare): decode tokens of
+    running requests only, p on every row, shifted by the delta of a request whose rope table
+    (`state_of(request_id)`: None, or with `positions` [3, P] or None and `delta`) it is past.
+    None (run eagerly) for a prompt token, which needs the table and the encoders' rows."""
+    if any(entry.is_new or len(entry.token_ids) != 1 for entry in scheduled):
+        return None
+    rows = np.repeat(positions[None], 3, axis=0)
+    for i, entry in enumerate(scheduled):
+        state = state_of(entry.request_id)
+        if state is None or state.positions is None:
+            continue  # text only: p on every row
+        if positions[i] < state.positions.shape[1]:
+            return None
+        rows[:, i] += state.delta
+    return rows

@@ -36,7 +36,7 @@ from omni.runtime.stage_model import (
 from stages.causal_lm import load_kwargs
 from stages.qwen2_5_omni.encoder_cache import EncoderCache
 from stages.qwen2_5_omni.encoder_profile import largest_items, max_image_pixels
-from stages.qwen2_5_omni.mrope import Item, MropeState, find_items, mrope_positions
+from stages.qwen2_5_omni.mrope import Item, MropeState, decode_rows, find_items, mrope_positions
 
 
 class OmniThinkerAdapter(StageModelBase):
@@ -135,20 +135,11 @@ class OmniThinkerAdapter(StageModelBase):
     def decode_prepare(
         self, scheduled: list[ScheduledRequest], positions: np.ndarray
     ) -> DecodeInputs | None:
-        """Decode tokens of running requests only: text positions on every row, shifted by each
-        multimodal request's delta. Prompt chunks and (re)admitted requests run eagerly: their
-        forward merges encoder outputs and builds the mrope table."""
-        if any(entry.is_new or len(entry.token_ids) != 1 for entry in scheduled):
-            return None
-        rows = np.repeat(positions[None], 3, axis=0)
-        for i, entry in enumerate(scheduled):
-            state = self._mrope.get(entry.request_id)
-            if state is None:
-                continue
-            if positions[i] < state.positions.shape[1]:
-                return None
-            rows[:, i] += state.delta
-        return DecodeInputs(rows)
+        """Decode tokens of running requests only, each multimodal request's shifted by its delta
+        (mrope.decode_rows). Prompt chunks and (re)admitted requests run eagerly: their forward
+        merges encoder outputs and builds the mrope table."""
+        rows = decode_rows(scheduled, positions, self._mrope.get)
+        return None if rows is None else DecodeInputs(rows)
 
     def decode_forward(
         self,

@@ -42,7 +42,7 @@ from omni.runtime.stage_model import (
 from stages.causal_lm import load_kwargs
 from stages.qwen2_5_omni.encoder_cache import EncoderCache
 from stages.qwen2_5_omni.encoder_profile import largest_items, max_image_pixels
-from stages.qwen2_5_omni.mrope import Item, find_items
+from stages.qwen2_5_omni.mrope import Item, decode_rows, find_items
 from stages.qwen3_omni_moe import experts
 from stages.qwen3_omni_moe.rope import audio_token_count, rope_index
 
@@ -194,19 +194,10 @@ class Qwen3OmniThinkerAdapter(StageModelBase):
     def decode_prepare(
         self, scheduled: list[ScheduledRequest], positions: np.ndarray
     ) -> DecodeInputs | None:
-        """Decode tokens of running requests only: past a request's rope table a position p is
-        p + delta on every row (text-only requests: delta 0). Prompt chunks run eagerly."""
-        if any(entry.is_new or len(entry.token_ids) != 1 for entry in scheduled):
-            return None
-        rows = np.repeat(positions[None], 3, axis=0)
-        for i, entry in enumerate(scheduled):
-            state = self._requests.get(entry.request_id)
-            if state is None or state.positions is None:
-                continue
-            if positions[i] < state.positions.shape[1]:
-                return None  # inside the table (a prompt token): eager
-            rows[:, i] += state.delta
-        return DecodeInputs(rows)
+        """Decode tokens of running requests only, p + delta on every row past a request's rope
+        table (mrope.decode_rows). Prompt chunks run eagerly."""
+        rows = decode_rows(scheduled, positions, self._requests.get)
+        return None if rows is None else DecodeInputs(rows)
 
     def decode_forward(
         self,
