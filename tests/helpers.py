@@ -110,11 +110,13 @@ class FakeGpu:
     """A GPU allocator as plain numbers, for the KV-sizing wiring without a GPU: its `readings()`
     stand in for torch.cuda's (omni.engine.gpu_profile.GpuReadings). A profiled step takes
     `step_bytes` on top of what is allocated (e.g. its temporary KV pool), and `hold(n)` records
-    n more bytes held for a moment on top of those (a test model's forward)."""
+    n more bytes held for a moment on top of those (a test model's forward); `reserved` is what
+    the allocator holds (a trial capture of CUDA graphs raises it while they are held)."""
 
     def __init__(self, *, allocated: int, total: int, free: int, step_bytes: int = 0) -> None:
         self.allocated, self.total, self.free, self.step_bytes = allocated, total, free, step_bytes
         self.peak = allocated
+        self.reserved = allocated
         self.num_releases = 0
 
     def hold(self, num_bytes: int) -> None:
@@ -132,6 +134,7 @@ class FakeGpu:
         return GpuReadings(
             allocated=lambda: self.allocated,
             max_allocated=lambda: self.peak,
+            reserved=lambda: self.reserved,
             reset_peak=reset_peak,
             release=release,
             mem_info=lambda: (self.free, self.total),

@@ -195,7 +195,7 @@ def gpu_num_blocks(
             )
     logger.info(
         "stage %r: %d KV blocks (%s bytes on the GPU%s) from %s; GPU %s bytes, share %g, "
-        "weights + activations %s bytes",
+        "peak without the pool (weights, reserve, graphs, a step) %s bytes",
         config.name,
         num_blocks,
         f"{num_blocks * block_bytes:,}",
@@ -220,8 +220,8 @@ def check_gpu_num_blocks(
     share: tuple[float, int, int] | None = None,
 ) -> int:
     """An explicit engine.num_blocks on a GPU stage: its GPU bytes plus step_bytes (what a
-    step allocates and frees again, and what the adapter may come to hold: the profile's
-    activations and reserve) must be free now (weights loaded), and its host-side output rows
+    step allocates and frees again, what the adapter may come to hold and the CUDA graphs
+    captured after the pool: the profile's activations, reserve and graphs) must be free now (weights loaded), and its host-side output rows
     available; share (gpu_memory_utilization, the GPU's total bytes, the stage's peak without
     its pool): the pool must also fit in the stage's share, so that stages starting at once on
     one GPU (Ray actors, each reading the same free memory) cannot take more than their shares
@@ -231,9 +231,9 @@ def check_gpu_num_blocks(
     if need + step_bytes > free_bytes:
         raise ConfigError(
             f"{where} needs {need:,} bytes of GPU memory ({block_bytes:,} per block), plus "
-            f"{step_bytes:,} for a step's activations and the adapter's reserve, but "
-            f"{free_bytes:,} bytes are free after loading the weights; lower it, or leave it "
-            "null to size the pool from engine.gpu_memory_utilization"
+            f"{step_bytes:,} for a step's activations, the CUDA graphs and the adapter's "
+            f"reserve, but {free_bytes:,} bytes are free after loading the weights; lower it, "
+            "or leave it null to size the pool from engine.gpu_memory_utilization"
         )
     if share is not None:
         utilization, total_bytes, peak_bytes = share
@@ -241,10 +241,11 @@ def check_gpu_num_blocks(
         if need + peak_bytes > limit:
             raise ConfigError(
                 f"{where} needs {need:,} bytes of GPU memory ({block_bytes:,} per block), plus "
-                f"{peak_bytes:,} for the weights, a step's activations and the adapter's "
-                f"reserve: more than the stage's share, gpu_memory_utilization={utilization:g} "
-                f"of {total_bytes:,} bytes ({limit:,}), which keeps it clear of the other stages "
-                "on its GPU; lower num_blocks, or raise gpu_memory_utilization"
+                f"{peak_bytes:,} for the weights, a step's activations, the CUDA graphs and the "
+                "adapter's reserve: more than the stage's share, "
+                f"gpu_memory_utilization={utilization:g} of {total_bytes:,} bytes ({limit:,}), "
+                "which keeps it clear of the other stages on its GPU; lower num_blocks, or raise "
+                "gpu_memory_utilization"
             )
     if host_block_bytes > 0:
         available = (

@@ -14,7 +14,11 @@ Readings, all of this process's torch allocations on the stage's GPU:
   plus whatever else the adapter may run (its encoders on one item of the largest size), with a
   temporary KV pool for that step.
 So weights = loaded - baseline and activations = max_allocated - loaded - temporary KV bytes
-(`split_profile`). `measure_footprint` takes the readings through callables (`GpuReadings`), so
+(`split_profile`). A stage whose steps are replayed as CUDA graphs also holds their memory pool
+(the intermediates of the largest captured shape, each graph's outputs) and static buffers from
+start-up on. Graphs bake in the addresses of the KV pool, so they can only be captured after it
+is allocated; the profile therefore captures them once on a temporary pool (the trial's
+`capture`), reads what the allocator reserved for them (`graph_bytes`), and drops them. `measure_footprint` takes the readings through callables (`GpuReadings`), so
 the arithmetic and its wiring are tested on the CPU; `profile_stage` is the CUDA instance.
 """
 
@@ -42,6 +46,9 @@ class StageFootprint:
     reserved_bytes: int
     """What the adapter may come to hold between steps beyond its weights (e.g. an encoder
     cache), declared by the adapter, not measured."""
+    graph_bytes: int
+    """Held from start-up on by the stage's CUDA graphs (their pool, static buffers, scratch KV
+    blocks), measured by a trial capture; 0 when its steps stay eager."""
     free_bytes: int
     """The GPU's free memory after profiling, with the caching allocator emptied."""
     total_bytes: int
@@ -49,8 +56,9 @@ class StageFootprint:
 
     @property
     def peak_bytes(self) -> int:
-        """The stage's most at any time, without its KV pool: weights, reserve and one step."""
-        return self.weights_bytes + self.reserved_bytes + self.activation_bytes
+        """The stage's most at any time, without its KV pool: weights, reserve, graphs and one
+        step."""
+        return self.weights_bytes + self.reserved_bytes + self.graph_bytes + self.activation_bytes
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,8 @@ class GpuReadings:
     """Bytes this process's tensors hold on the GPU now."""
     max_allocated: Callable[[], int]
     """The most `allocated` was since the last `reset_peak`."""
+    reserved: Callable[[], int]
+    """Bytes the allocator holds from the GPU now, CUDA graphs' private pools included."""
     reset_peak: Callable[[], None]
     release: Callable[[], None]
     """Wait for the GPU, drop unreferenced tensors and hand the allocator's unused cache back."""
@@ -81,6 +91,7 @@ class GpuReadings:
         return cls(
             allocated=lambda: int(torch.cuda.memory_allocated(device)),
             max_allocated=lambda: int(torch.cuda.max_memory_allocated(device)),
+            reserved=lambda: int(torch.cuda.memory_reserved(device)),
             reset_peak=lambda: torch.cuda.reset_peak_memory_stats(device),
             release=release,
             mem_info=mem_info,
@@ -114,23 +125,43 @@ def split_profile(
     return loaded - baseline, max_allocated - loaded - kv_bytes
 
 
+Capture = Callable[[], Callable[[], None]]
+"""A trial capture of a stage's CUDA graphs: captures them, returns what drops them again."""
+
+
 def measure_footprint(
-    readings: GpuReadings, *, baseline: int, run: Callable[[], int], reserved_bytes: int = 0
+    readings: GpuReadings,
+    *,
+    baseline: int,
+    run: Callable[[], int],
+    reserved_bytes: int = 0,
+    capture: Capture | None = None,
 ) -> StageFootprint:
     """Run the profile (`run`: allocates a temporary KV pool, runs the largest step, frees
     both, returns the pool's bytes) between the readings, and split them (split_profile).
-    The free bytes are read last, with the allocator's cache handed back."""
+    Then the trial `capture`, if any: the allocator's reserved bytes while its graphs are
+    held, against before (both read with the cache handed back), are the graphs'. The free
+    bytes are read last, with the graphs dropped and the allocator's cache handed back."""
     readings.release()
     loaded = readings.allocated()
     readings.reset_peak()
     kv_bytes = run()
     max_allocated = readings.max_allocated()
+    graph_bytes = 0
+    if capture is not None:
+        readings.release()
+        before = readings.reserved()
+        drop = capture()
+        readings.release()
+        graph_bytes = max(0, readings.reserved() - before)
+        drop()
+        del drop  # the last reference to the trial's runner and its temporary pool
     readings.release()
     free, total = readings.mem_info()
     weights, activations = split_profile(
         baseline=baseline, loaded=loaded, max_allocated=max_allocated, kv_bytes=kv_bytes
     )
-    return StageFootprint(weights, activations, reserved_bytes, free, total)
+    return StageFootprint(weights, activations, reserved_bytes, graph_bytes, free, total)
 
 
 def profile_stage(
@@ -142,10 +173,12 @@ def profile_stage(
     device: torch.device,
     baseline: int,
     readings: GpuReadings | None = None,
+    capture: Capture | None = None,
 ) -> StageFootprint:
     """The footprint of a stage whose model is loaded on `device`: one forward of num_tokens
     tokens, the logits and top-k/top-p sampling of num_sample_rows rows, then the adapter's
-    `profile_extra_work` (e.g. its encoders on a largest item), against `baseline`."""
+    `profile_extra_work` (e.g. its encoders on a largest item), against `baseline`; capture:
+    the trial capture of its CUDA graphs (graph_plan.trial_capture), None when it has none."""
     from omni.runtime.model_runner import ModelRunner  # the engine layer's only runtime peek
 
     def run() -> int:
@@ -164,16 +197,21 @@ def profile_stage(
 
     reserved = int(getattr(model, "reserved_bytes", 0))
     footprint = measure_footprint(
-        readings or GpuReadings.of(device), baseline=baseline, run=run, reserved_bytes=reserved
+        readings or GpuReadings.of(device),
+        baseline=baseline,
+        run=run,
+        reserved_bytes=reserved,
+        capture=capture,
     )
     logger.info(
-        "profiled a step of %d tokens on %s: weights %s bytes, activations %s, reserved %s; "
-        "GPU %s bytes, %s free",
+        "profiled a step of %d tokens on %s: weights %s bytes, activations %s, reserved %s, "
+        "CUDA graphs %s; GPU %s bytes, %s free",
         num_tokens,
         device,
         f"{footprint.weights_bytes:,}",
         f"{footprint.activation_bytes:,}",
         f"{footprint.reserved_bytes:,}",
+        f"{footprint.graph_bytes:,}",
         f"{footprint.total_bytes:,}",
         f"{footprint.free_bytes:,}",
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from omni.config import StageConfig
 from omni.config.validate import config_error
 from omni.runtime.fused_layers import install_fused_kernels
 from omni.runtime.model_runner import ModelRunner
-from omni.runtime.stage_model import ChunkJob
+from omni.runtime.stage_model import ChunkJob, StageModel
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,44 @@ def capture_step_graphs(config: StageConfig, model: object, runner: ModelRunner)
     enable = getattr(model, "enable_cuda_graphs", None)
     if runner.decode_graphs is not None and enable is not None:
         enable(config.engine.max_num_seqs, required=required)
+
+
+def trial_capture(
+    config: StageConfig, model: StageModel, device: torch.device, max_model_len: int
+) -> Callable[[], Callable[[], None]] | None:
+    """For the memory profile (gpu_profile.Capture): this stage's step graphs captured on a
+    temporary one-block pool, as capture_step_graphs will capture them on the real one, and
+    what drops them (the runner, the adapter's own graphs); None when its steps stay eager."""
+    if device.type != "cuda" and config.engine.cuda_graphs is not True:
+        return None  # eager, and nothing a trial could measure
+    if not padded_decode(config, model, device):
+        return None
+    engine = config.engine
+
+    def capture() -> Callable[[], None]:
+        runner = ModelRunner(
+            model,
+            num_blocks=1,
+            block_size=engine.block_size,
+            output_cache=None,
+            device=device,
+            padded_decode=True,
+            max_num_seqs=engine.max_num_seqs,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_model_len=max_model_len,
+        )
+        runner.warm_up()
+        capture_step_graphs(config, model, runner)
+        enable = getattr(model, "enable_cuda_graphs", None)
+
+        def drop() -> None:
+            runner.decode_graphs = None  # the graphs and their pool go with the last reference
+            if enable is not None:
+                enable(0)  # none kept: the real capture makes them again
+
+        return drop
+
+    return capture
 
 
 def chunk_graphs(config: StageConfig, model: object, device: torch.device) -> bool:

@@ -23,7 +23,7 @@ from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
 from omni.engine.device import device_stats, resolve_device, resolve_dtype
 from omni.engine.engine import run_until_done
 from omni.engine.gpu_profile import allocated_bytes
-from omni.engine.graph_plan import capture_step_graphs, fuse_kernels, padded_decode
+from omni.engine.graph_plan import capture_step_graphs, fuse_kernels, padded_decode, trial_capture
 from omni.engine.output_rows import OutputRows
 from omni.engine.request_checks import check_request
 from omni.engine.stage_memory import StageMemory
@@ -68,6 +68,7 @@ class StageEngine:
             max_model_len=self.max_model_len,
             num_outputs=len(emits),
             baseline_bytes=baseline,
+            capture=trial_capture(config, model, device, self.max_model_len),
         )
         self.num_blocks = memory.num_blocks
         self.kv = KVCacheManager(

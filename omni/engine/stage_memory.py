@@ -5,8 +5,8 @@ On the CPU the pool comes from `engine.num_blocks` or the `kv_cache_memory` budg
 output cache sits in host memory. On a GPU the stage's footprint is profiled first (its weights
 against the baseline taken before it loaded, the activations of one step of
 max_num_batched_tokens tokens with top-k/top-p sampling of max_num_seqs rows, the adapter's
-extra work and reserve: omni/engine/gpu_profile.py). Then `engine.num_blocks` must fit in the
-free GPU memory beside a step's activations, or, when null, the pool is what is left of
+extra work and reserve, and a trial capture of its CUDA graphs: omni/engine/gpu_profile.py).
+Then `engine.num_blocks` must fit in the free GPU memory beside those, or, when null, the pool is what is left of
 `engine.gpu_memory_utilization` of the GPU. The output cache lives in pinned host memory
 (output_cache_device: cpu) or on the GPU (cuda). The arithmetic is in
 omni/engine/cache_sizing.py; this module measures what it needs and feeds it in.
@@ -29,7 +29,7 @@ from omni.engine.cache_sizing import (
     output_bytes_per_block,
 )
 from omni.engine.device import CPU
-from omni.engine.gpu_profile import GpuReadings, profile_stage
+from omni.engine.gpu_profile import Capture, GpuReadings, profile_stage
 from omni.runtime.stage_model import StageModel
 
 
@@ -51,10 +51,12 @@ class StageMemory:
         max_model_len: int,
         num_outputs: int,
         baseline_bytes: int = 0,
+        capture: Capture | None = None,
     ) -> StageMemory:
         """The pool and output-cache placement of a stage whose model is loaded on `device`;
         num_outputs: how many per-token outputs its output cache keeps a row of per token;
-        baseline_bytes: this process's GPU allocations before the model loaded."""
+        baseline_bytes: this process's GPU allocations before the model loaded; capture: a
+        trial capture of its CUDA graphs, counted in its profile (graph_plan.trial_capture)."""
         itemsize = torch.finfo(dtype).bits // 8
         if device.type == "cuda":
             output_cache_device = device if config.engine.output_cache_device == "cuda" else CPU
@@ -67,6 +69,7 @@ class StageMemory:
                 itemsize=itemsize,
                 output_cache_device=output_cache_device,
                 baseline_bytes=baseline_bytes,
+                capture=capture,
             )
             return cls(num_blocks, output_cache_device)
         block_bytes = bytes_per_block(
@@ -92,12 +95,13 @@ def gpu_pool_num_blocks(
     output_cache_device: torch.device,
     baseline_bytes: int = 0,
     readings: GpuReadings | None = None,
+    capture: Capture | None = None,
 ) -> int:
-    """The KV pool of a GPU stage, after profiling its footprint against baseline_bytes:
-    engine.num_blocks checked against the free GPU memory beside a step's activations and the
-    adapter's reserve, or sized from gpu_memory_utilization. The KV always counts on the GPU;
-    the output rows there only when the output cache lives there, else on the host. readings:
-    the allocator's (tests inject them)."""
+    """The KV pool of a GPU stage, after profiling its footprint against baseline_bytes (its
+    CUDA graphs' trial capture included): engine.num_blocks checked against the free GPU memory
+    beside a step's activations, the graphs and the adapter's reserve, or sized from
+    gpu_memory_utilization. The KV always counts on the GPU; the output rows there only when the
+    output cache lives there, else on the host. readings: the allocator's (tests inject them)."""
     engine = config.engine
     kv_block = kv_bytes_per_block(
         config,
@@ -123,6 +127,7 @@ def gpu_pool_num_blocks(
         device=device,
         baseline=baseline_bytes,
         readings=readings,
+        capture=capture,
     )
     if engine.num_blocks is not None:
         # Free bytes read with the allocator's cache handed back: what it holds unused would
@@ -132,7 +137,7 @@ def gpu_pool_num_blocks(
             num_blocks=engine.num_blocks,
             free_bytes=footprint.free_bytes,
             block_bytes=gpu_block,
-            step_bytes=footprint.activation_bytes + footprint.reserved_bytes,
+            step_bytes=footprint.peak_bytes - footprint.weights_bytes,
             host_block_bytes=host_block,
             share=(gpu_memory_utilization(config), footprint.total_bytes, footprint.peak_bytes),
         )

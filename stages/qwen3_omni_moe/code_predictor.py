@@ -82,7 +82,10 @@ class CodePredictor:
     @torch.inference_mode()  # as the steps that replay them
     def enable_graphs(self, max_rows: int, *, required: bool = False) -> None:
         """Greedy steps of up to max_rows rows through padded graphs, every size captured now
-        (a capture that fails leaves them eager, unless required)."""
+        (a capture that fails leaves them eager, unless required); 0: none, any kept dropped."""
+        self.ladder, self.graphs = [], None
+        if max_rows < 1:
+            return
         self.ladder = batch_ladder(max_rows)
         self.graphs = GraphCache(
             "Qwen3-Omni code predictor", max_graphs=len(self.ladder), required=required

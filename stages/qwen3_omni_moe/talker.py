@@ -292,7 +292,7 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         return self._predictor(hidden_states, token_ids, params, num_output_tokens)
 
     def enable_cuda_graphs(self, max_rows: int, *, required: bool = False) -> None:
-        """With padded decode steps: greedy steps' code predictor as CUDA graphs too."""
+        """With padded decode steps: greedy steps' code predictor as CUDA graphs too (0: none)."""
         self._predictor.enable_graphs(max_rows, required=required)
 
 

@@ -22,6 +22,8 @@ from helpers import make_engine, run_engine
 from omni.config import load_config
 from omni.core.sampling_params import SamplingParams
 from omni.engine import StageEngine
+from omni.engine.gpu_profile import profile_stage
+from omni.engine.graph_plan import trial_capture
 from omni.messages import StageInput
 from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
 from stages.qwen2_5_omni.token2wav_memory import whole_decode_bytes
@@ -73,6 +75,7 @@ def test_a_stage_is_sized_from_its_own_footprint(qwen2_dir):
             gpu_memory_utilization=0.1,
             max_model_len=4096,
             max_num_seqs=65536,  # the cap (sequences x max_model_len) stays above the share
+            cuda_graphs=False,  # a ladder up to 65536 rows would be 8,000 graphs
         )
         kv = engine.runner.kv_cache_bytes
         print(f"\nshare 0.1 of {total:,} bytes beside {held.numel():,} held: KV {kv:,} bytes")
@@ -84,6 +87,33 @@ def test_a_stage_is_sized_from_its_own_footprint(qwen2_dir):
     finally:
         del held
         torch.cuda.empty_cache()
+
+
+def test_cuda_graphs_are_counted_in_the_profile(qwen2_dir):
+    """The profile's trial capture (graph_plan.trial_capture) measures what a stage's graphs
+    hold: about what the real capture after the pool reserved (its pool, with the scratch
+    blocks and static buffers on top), and nothing once dropped."""
+    engine = make_engine(
+        qwen2_dir, device="cuda", dtype="bfloat16", outputs=[], block_size=16,
+        gpu_memory_utilization=0.05, max_model_len=1024, max_num_seqs=64,
+    )  # fmt: skip
+    graphs = engine.runner.decode_graphs
+    assert graphs is not None and graphs.capture_bytes > 0
+    trial = trial_capture(engine.config, engine.model, CUDA, engine.max_model_len)
+    assert trial is not None
+    before = torch.cuda.memory_allocated(CUDA)
+    footprint = profile_stage(
+        engine.model, block_size=16, num_tokens=1024, num_sample_rows=64, device=CUDA,
+        baseline=0, capture=trial,
+    )  # fmt: skip
+    real = graphs.capture_bytes
+    print(f"\ngraphs: trial {footprint.graph_bytes:,} bytes, real capture {real:,}")
+    assert 0.5 * real <= footprint.graph_bytes <= 2 * real + (64 << 20)
+    assert torch.cuda.memory_allocated(CUDA) <= before + (1 << 20)  # the trial's graphs dropped
+    greedy = SamplingParams(max_tokens=4, ignore_eos=True)  # the real graphs still replay
+    results = run_engine(engine, [[5, 6, 7, 8], [9, 10]], greedy)
+    assert [len(r.token_ids) for r in results] == [4, 4]
+    assert engine.stats()["graph_steps"] > 0
 
 
 def test_local_pipeline_stages_sized_from_their_own_shares(omni_dir):

@@ -19,6 +19,8 @@ from omni.engine.cache_sizing import (
     gpu_memory_utilization,
     gpu_num_blocks,
 )
+from omni.engine.graph_plan import trial_capture
+from omni.runtime.model_runner import ModelRunner
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -168,3 +170,36 @@ def test_engine_gpu_sizing_wiring_with_injected_numbers(qwen2_dir):
 
 def _replace_engine(config, **changes):
     return dataclasses.replace(config, engine=dataclasses.replace(config.engine, **changes))
+
+
+@pytest.mark.slow
+def test_cuda_graphs_are_counted_in_the_pool_sizing(qwen2_dir, monkeypatch):
+    """A stage whose decode steps are padded (captured on a GPU) runs a trial capture in its
+    profile: a runner of the padded steps on a one-block pool, warmed up, its graphs captured,
+    then dropped. What the allocator holds meanwhile is taken from the pool's share."""
+    engine = make_engine(qwen2_dir, block_size=16, max_model_len=256, max_num_seqs=8)
+    model, cpu = engine.model, torch.device("cpu")
+    model_kv = model.num_layers * 2 * model.num_kv_heads * model.head_dim * 4 * 16
+    gpu = FakeGpu(allocated=MiB, total=10 * GiB, free=GiB, step_bytes=16 * model_kv + 2 * MiB)
+    captured: list[ModelRunner] = []
+
+    def capture_decode_graphs(runner, *, required=False):
+        assert runner.decode_graphs is not None  # the padded steps, as the engine's
+        captured.append(runner)
+        gpu.reserved += 24 * MiB  # what the graphs would hold on a GPU
+
+    monkeypatch.setattr(ModelRunner, "capture_decode_graphs", capture_decode_graphs)
+    config = _replace_engine(engine.config, gpu_memory_utilization=0.5, max_num_seqs=100_000)
+    for graphs in (None, False):  # eager on the CPU: nothing to measure
+        assert trial_capture(_replace_engine(config, cuda_graphs=graphs), model, cpu, 256) is None
+    trial = trial_capture(_replace_engine(config, cuda_graphs=True), model, cpu, 256)
+
+    def blocks(capture) -> int:
+        return stage_memory.gpu_pool_num_blocks(
+            config, model, device=cpu, max_model_len=256, num_outputs=0, itemsize=4,
+            output_cache_device=cpu, readings=gpu.readings(), capture=capture,
+        )  # fmt: skip
+
+    without, with_graphs = blocks(None), blocks(trial)
+    assert len(captured) == 1 and captured[0].decode_graphs is None  # dropped after the reading
+    assert without - with_graphs == -(-24 * MiB // model_kv)

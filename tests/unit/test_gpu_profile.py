@@ -6,6 +6,8 @@ the step profiled is the costliest the sampler runs (top-k and top-p over max_nu
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import FakeGpu
@@ -129,3 +131,42 @@ def test_profile_forward_samples_top_k_and_top_p_rows():
     # The costliest path: not greedy, with both filters (each sorts the whole vocabulary).
     for params in runner.sampler.params:
         assert not params.greedy and params.top_k > 0 and params.top_p < 1
+
+
+def test_a_trial_capture_of_cuda_graphs_counts_in_the_peak():
+    """Graphs are captured after the KV pool (they bake its addresses in), so the profile
+    captures them once on a temporary pool: what the allocator reserves while they are held is
+    the stage's, from start-up on. The graphs are dropped before the free bytes are read."""
+    gpu = FakeGpu(allocated=GiB, total=80 * GiB, free=60 * GiB, step_bytes=MiB + 20 * MiB)
+    events: list[str] = []
+
+    def capture():
+        events.append("captured")
+        gpu.reserved += 48 * MiB  # the graphs' pool, static buffers, scratch blocks
+
+        def drop() -> None:
+            events.append("dropped")
+            gpu.reserved -= 48 * MiB
+
+        return drop
+
+    readings = gpu.readings()
+    mem_info = readings.mem_info
+    readings = dataclasses.replace(
+        readings, mem_info=lambda: (events.append("free read"), mem_info())[1]
+    )
+    footprint = measure_footprint(readings, baseline=0, run=lambda: MiB, capture=capture)
+    assert events == ["captured", "dropped", "free read"]
+    assert footprint.graph_bytes == 48 * MiB and footprint.activation_bytes == 20 * MiB
+    assert footprint.peak_bytes == GiB + 48 * MiB + 20 * MiB
+    # Without graphs nothing changes; a capture that frees more than it holds counts nothing.
+    assert measure_footprint(gpu.readings(), baseline=0, run=lambda: MiB).graph_bytes == 0
+
+    def freeing():
+        gpu.reserved -= MiB
+        return lambda: None
+
+    assert (
+        measure_footprint(gpu.readings(), baseline=0, run=lambda: MiB, capture=freeing).graph_bytes
+        == 0
+    )
