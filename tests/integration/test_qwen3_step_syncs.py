@@ -14,6 +14,7 @@ from omni.core.sampling_params import SamplingParams
 from omni.engine.stage_engine import StageEngine
 from omni.messages import StageInput
 from omni.registry import get_input_processor, get_prompt_processor
+from omni.runtime import attention
 from omni.runtime.launched_step import LaunchedStep
 from omni.runtime.model_runner import ModelRunner
 from omni.runtime.sampler import Sampler
@@ -72,10 +73,14 @@ def talker_counts(qwen3_dir: str, **engine: object) -> tuple[SyncCounter, StageE
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["eager", "padded-decode"])
-def test_talker_decode_step_syncs(qwen3_dir, padded):
+def test_talker_decode_step_syncs(qwen3_dir, padded, monkeypatch):
+    if padded:  # the GPU's attention metadata (test_step_syncs.gpu_metadata): no CPU plan
+        monkeypatch.setattr(attention, "uses_triton", lambda device: True)
     counter, engine = talker_counts(qwen3_dir, cuda_graphs=padded, max_num_seqs=4)
     assert counter.of("talker") == []
     assert counter.of("sampler") == ["tolist"] * 4
+    if padded:  # nothing else anywhere in the step, the padded buffers' fill included
+        assert counter.counts == {"sampler": ["tolist"] * 4}
     # padded: the counted steps ran the decode body (3 rows padded to 4) and the predictor's
     # padded graph buffers
     assert (engine.stats().get("padded_rows", 0) >= 4) == padded

@@ -5,9 +5,10 @@ A decode step may make the host wait for the device once: the sampler's copy of 
 host arrays, and nothing reads the device back. tests/sync_counter.py counts the calls that
 would block on a GPU (scalar reads, .tolist(), data-dependent shapes, bool-mask indexing,
 tensors made from Python data, blocking cross-device copies) and charges each to the innermost
-component on the stack. The assertions are per component (the sampler, the talker's forward and
-logits, the output cache's write), so work elsewhere in a step (the runner's packing) is not
-asserted here.
+component on the stack. The eager steps' assertions are per component (the sampler, the
+talker's forward and logits, the output cache's write): on the CPU the runner's packing builds
+the torch attention path's plan, which reads values a GPU step never reads. The padded
+(CUDA-graph) steps run with the GPU's metadata, so there every sync in the step is asserted.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import torch
 from helpers import make_engine
 from transformers import Qwen2_5OmniConfig
 
-from omni.config import load_config
+from omni.config import config_for_model, load_config
 from omni.core.sampling_params import SamplingParams
 from omni.engine import StageEngine
 from omni.messages import StageInput
+from omni.registry import get_prompt_processor
+from omni.runtime import attention
 from omni.runtime.launched_step import LaunchedStep
 from omni.runtime.model_runner import ModelRunner
 from omni.runtime.output_cache import OutputCache
@@ -97,6 +100,30 @@ def talker_counts(omni_dir: str, **engine: object) -> SyncCounter:
     return count_decode_steps(engine_, len(cases))
 
 
+def thinker_counts(model_dir: str, **engine: object) -> SyncCounter:
+    """Three chat requests through an omni family's thinker (its shipped config, on the CPU),
+    its output cache kept for the talker."""
+    overrides = {"stages.thinker.engine.device": "cpu"}
+    overrides.update({f"stages.thinker.engine.{k}": v for k, v in engine.items()})
+    root = config_for_model(model_dir, overrides=overrides).stages[0]
+    processor = get_prompt_processor(root.adapter)(root.model)
+    engine_ = StageEngine(root)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    for i in range(3):
+        prompt = processor(f"r{i}", {"prompt": f"say {i} things"})
+        ids, extras = list(prompt.prompt_token_ids), dict(prompt.extras)
+        engine_.add_request(StageInput(f"r{i}", ids, params, extras=extras))
+    return count_decode_steps(engine_, 3)
+
+
+@pytest.fixture
+def gpu_metadata(monkeypatch):
+    """Attention metadata as a GPU step makes it: index tensors handed to the Triton kernel (run
+    by its interpreter here) with no torch-path plan, so the step's values are never read back:
+    the CPU plan's reads are not what a GPU step makes. Every sync left is then a GPU step's."""
+    monkeypatch.setattr(attention, "uses_triton", lambda device: True)
+
+
 def test_causal_lm_decode_step_syncs(qwen2_dir, one_torch_thread):
     counter = causal_lm_counts(qwen2_dir)
     assert counter.of("sampler") == ["tolist"] * NUM_COUNTED
@@ -110,3 +137,19 @@ def test_talker_decode_step_syncs(omni_dir):
     assert counter.of("talker") == []
     assert counter.of("sampler") == ["tolist"] * NUM_COUNTED
     assert counter.of("output cache") == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["causal_lm", "talker", "thinker", "qwen3_thinker"])
+def test_padded_decode_steps_sync_only_for_their_ids(stage, gpu_metadata, one_torch_thread):
+    """The padded (CUDA-graph) decode step of every stage kind, with the GPU's attention
+    metadata: the step's one sync is the read of its ids, and there is none anywhere else in
+    it (the runner, the padded buffers' fill, the adapters' decode_prepare and body, the output
+    cache, the logits: "other" included)."""
+    from tools.make_tiny_checkpoint import ensure_checkpoint
+
+    family = {"causal_lm": "qwen2", "qwen3_thinker": "qwen3_omni_moe"}.get(stage, "qwen2_5_omni")
+    model_dir = str(ensure_checkpoint(family, "tiny"))
+    counts = {"causal_lm": causal_lm_counts, "talker": talker_counts}.get(stage, thinker_counts)
+    counter = counts(model_dir, cuda_graphs=True)
+    assert counter.counts == {"sampler": ["tolist"] * NUM_COUNTED}
