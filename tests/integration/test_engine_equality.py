@@ -49,6 +49,7 @@ def family_case(request, qwen2_dir, llama_dir):
 def test_tokens_equal_transformers(family_case, name):
     model_dir, prompts, expected = family_case
     engine = make_engine(model_dir, **CONFIGS[name])
+    padded_preempting = _record_padded_preempting_steps(engine)
     results = run_engine(engine, prompts, GREEDY)
     for prompt_index, (result, want) in enumerate(zip(results, expected, strict=True)):
         assert result.token_ids == want, f"{name}: prompt {prompt_index} differs"
@@ -60,10 +61,29 @@ def test_tokens_equal_transformers(family_case, name):
         assert stats["eager_steps"] > 0, stats  # prefill and recompute stay eager
     else:
         assert "padded_rows" not in stats
+    if name == "padded-tiny-pool":  # a request preempted in a step whose others ran padded
+        assert padded_preempting, stats
     if name == "caching-off":
         assert all(r.num_cached_tokens == 0 for r in results)
     else:
         assert stats["kv_hit_tokens"] > 0
+
+
+def _record_padded_preempting_steps(engine) -> list[int]:
+    """The padded rows of each step that preempted a request and ran the rest padded."""
+    steps: list[int] = []
+    graphs, launch = engine.runner.decode_graphs, engine.runner.launch
+
+    def recording(scheduler_output, *args):
+        padded_rows = graphs.num_padded_rows
+        launched = launch(scheduler_output, *args)
+        if scheduler_output.preempted_request_ids and graphs.num_padded_rows > padded_rows:
+            steps.append(graphs.num_padded_rows - padded_rows)
+        return launched
+
+    if graphs is not None:
+        engine.runner.launch = recording
+    return steps
 
 
 def test_second_round_is_served_by_the_cache(family_case):

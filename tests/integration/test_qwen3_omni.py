@@ -190,20 +190,26 @@ def _stage_by_stage(config, prompts: list[dict]) -> tuple[list[dict], dict]:
     return [results[request_id] for request_id in inputs], stats
 
 
-def test_tiny_kv_pool_preempts_and_stays_equal(qwen3_dir, references):
+@pytest.mark.parametrize("padded", [False, True], ids=["eager", "padded-decode"])
+def test_tiny_kv_pool_preempts_and_stays_equal(qwen3_dir, references, padded):
     """Pools of a few blocks: requests are preempted (their prompt blocks evicted and
-    recomputed), the talker refeeds whole frames from the codes the engine kept."""
+    recomputed), the talker refeeds whole frames from the codes the engine kept; padded, the
+    others decode on through the ladder (and the predictor's padded buffers) meanwhile."""
     overrides = {**ON_CPU}
     for stage in ("thinker", "talker"):  # 34 blocks of 4: two prompts fit, not their replies
         overrides[f"stages.{stage}.engine.block_size"] = 4
         overrides[f"stages.{stage}.engine.num_blocks"] = 34
         overrides[f"stages.{stage}.engine.max_model_len"] = 128
+        if padded:
+            overrides.update({f"stages.{stage}.engine.{k}": v for k, v in PADDED.items()})
     prompts = _prompts()
     outputs, stats = _stage_by_stage(config_for_model(qwen3_dir, overrides), list(prompts.values()))
     for name, stages in zip(prompts, outputs, strict=True):
         _check_stages(stages, references[name], name)
     assert stats["thinker"]["preemptions"] > 0 and stats["talker"]["preemptions"] > 0, stats
     assert stats["thinker"]["kv_evictions"] > 0, stats
+    for stage in ("thinker", "talker"):  # (2 fit at once: batches 1 and 2, no padding rows)
+        assert (stats[stage].get("padded_decode_steps", 0) > 0) == padded, stats[stage]
 
 
 def test_first_token_eos_gives_empty_audio(qwen3_dir, references):

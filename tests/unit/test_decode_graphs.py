@@ -70,15 +70,17 @@ def test_shapes_of_decode_batches_and_suffixes(qwen2_dir):
     assert shape_for([*decode, _entry("s", sample=False)]) is None
 
 
-def test_suffixes_after_prefix_hits_equal_eager(qwen2_dir):
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_suffixes_after_prefix_hits_equal_eager(family, qwen2_dir, llama_dir):
     """Requests one after another share prefixes: their uncached suffixes run padded (one
     padding sequence over the scratch blocks), with the tokens and pool KV of eager steps."""
+    model_dir = qwen2_dir if family == "qwen2" else llama_dir
     prompts = shared_prefix_prompts(200, num_prompts=6)
     params = SamplingParams(max_tokens=3, ignore_eos=True)
     padded = make_engine(
-        qwen2_dir, device="cpu", block_size=4, cuda_graphs=True, max_num_batched_tokens=64
+        model_dir, device="cpu", block_size=4, cuda_graphs=True, max_num_batched_tokens=64
     )
-    plain = make_engine(qwen2_dir, device="cpu", block_size=4, max_num_batched_tokens=64)
+    plain = make_engine(model_dir, device="cpu", block_size=4, max_num_batched_tokens=64)
     shapes = []
     shape_for = padded.runner.decode_graphs.shape_for
     padded.runner.decode_graphs.shape_for = lambda s: shapes.append(shape_for(s)) or shapes[-1]
