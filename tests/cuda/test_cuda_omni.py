@@ -89,6 +89,7 @@ def test_float32_pipeline_on_cuda_equals_transformers(
         assert stats[stage]["memory_allocated_bytes"] > 0, stage
     for stage in ("thinker", "talker"):
         assert stats[stage]["output_cache_device"] in (output_cache_device, "cuda:0")
+        assert stats[stage]["graph_steps"] > 0, stage  # replayed, not a silent eager fallback
         if caching:  # the tiny pools evict cached blocks between and within the rounds
             assert stats[stage]["kv_hit_tokens"] > 0 and stats[stage]["kv_evictions"] > 0, stage
 
@@ -125,6 +126,7 @@ def test_float32_talker_on_cuda_with_preemption_equals_transformers(omni_dir, ca
             assert results[f"{mode}{round_}"].token_ids == ref.codes, (mode, round_)
     stats = engine.stats()
     assert stats["preemptions"] > 0 and stats["device"] == "cuda:0", stats
+    assert stats["graph_steps"] > 0, stats  # preempted between replayed steps
 
 
 def test_bfloat16_pipeline_on_cuda_runs_and_reports_agreement(omni_dir, references):
@@ -140,6 +142,7 @@ def test_bfloat16_pipeline_on_cuda_runs_and_reports_agreement(omni_dir, referenc
             _check_audio(out, omni)
     assert stats["thinker"]["dtype"] == stats["talker"]["dtype"] == "bfloat16"
     assert stats["token2wav"]["dtype"] == "float32"
+    assert stats["thinker"]["graph_steps"] > 0 and stats["talker"]["graph_steps"] > 0
     for stage, field in (("thinker", "thinker_ids"), ("talker", "codes")):
         pairs = [
             (a, b)
