@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared run on a lent GPU machine (docs/gpu.md, "First run on a GPU machine"): the parts
 # named on the command line, in that order, each under its own time limit, each part's output
-# into $OUT/<part>.log (the device tool returns $OUT even when the call runs out of time).
+# into $OUT/<part>.log (omni-ahead: omni_ahead.log; ray also writes ray_gpu.log; the device tool
+# returns $OUT even when the call runs out of time).
 #
 #   bash tools/gpu_run.sh cuda suite decode host omni   # after the device-wheels prefix
 #   bash tools/gpu_run.sh cuda+suite omni               # cuda and suite at the same time
