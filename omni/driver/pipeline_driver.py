@@ -18,6 +18,7 @@ from omni.backends.backend import StageBackend
 from omni.config import OmniConfig
 from omni.config.devices import plan_gpus
 from omni.core.sampling_params import SamplingParams
+from omni.driver import deliveries
 from omni.driver.request_state import Decode, Sink
 from omni.driver.router import Router
 from omni.host import Processor
@@ -132,7 +133,7 @@ class PipelineDriver:
         try:
             while not self._stopped.is_set():
                 events = self.backend.poll(POLL_S)
-                with self._lock:
+                with self._lock, deliveries.batch():  # listeners woken once per batch
                     if events:
                         self.router.handle(events)
                     if time.monotonic() >= next_expire:

@@ -162,9 +162,11 @@ class Router:
                 advanced.add(event.result.request_id)
         for stage, items in routed.items():
             self.backend.submit(stage, items)
-        for request_id in advanced:
-            if request_id in self.requests:
-                self._send(request_id, self._snapshot(request_id))
+        # Every snapshot built, then all sent: a caller's event loop (request_stream.Outbox) is
+        # woken once for them, not again whenever a build lets go of the GIL (detokenizing).
+        snapshots = [(r, self._snapshot(r)) for r in advanced if r in self.requests]
+        for request_id, output in snapshots:
+            self._send(request_id, output)
 
     def expire(self, timeout_s: float) -> None:
         """Fail requests that made no progress for timeout_s: nothing waits forever."""

@@ -5,7 +5,10 @@ Every engine step advances up to max_num_seqs requests, and each gets a snapshot
 event loop once per snapshot (`call_soon_threadsafe` writes to the loop's self-pipe) cost the
 driver ~15 us per request per step and the loop one wakeup each, all under the GIL that the
 stage threads need between their GPU steps. So snapshots for one loop go through its `Outbox`:
-the first of a batch schedules one flush, the rest only append.
+the first of a batch schedules one flush, the rest only append; and the driver routes a step's
+events as one batch of deliveries (omni/driver/deliveries.py), so the flush is scheduled once the
+whole step's snapshots are in, not as soon as the first is (the loop would flush it at once and
+the next snapshot schedule another).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import threading
 import weakref
 
+from omni.driver.deliveries import defer_wake
 from omni.messages import OmniOutput
 
 
@@ -39,11 +43,16 @@ class Outbox:
             return outbox
 
     def push(self, stream: RequestStream, output: OmniOutput) -> None:
-        """Called on the driver thread."""
+        """Called on the driver thread: the loop is woken at the end of the driver's batch of
+        snapshots (omni/driver/deliveries.py), or now outside one."""
         with self._lock:
             self._items.append((stream, output))
             if len(self._items) > 1:
                 return  # a flush is already scheduled and will take this one too
+        if not defer_wake(self._wake):
+            self._wake()
+
+    def _wake(self) -> None:
         loop = self._loop()
         try:
             if loop is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from omni.driver import deliveries
 from omni.entrypoints.request_stream import Outbox, RequestStream
 from omni.messages import OmniOutput
 
@@ -76,3 +77,33 @@ def test_a_closed_loop_is_not_kept_alive_by_its_outbox():
     del loop
     gc.collect()
     assert gone() is None
+
+
+def test_a_driver_batch_wakes_the_loop_once_at_its_end():
+    """Inside the driver's batch (omni/driver/deliveries.py) the flush is scheduled when the
+    batch ends, with every snapshot in: a loop that ran between pushes (while a snapshot's build
+    let go of the GIL) flushed one and was woken again for the next, several times a step."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        streams = [RequestStream(loop) for _ in range(3)]
+        wakeups = []
+        original = loop.call_soon_threadsafe
+
+        def counted(callback, *args):
+            wakeups.append(callback)
+            return original(callback, *args)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        with deliveries.batch():
+            for i, stream in enumerate(streams):
+                stream.push(snapshot(i))
+                assert wakeups == []  # deferred to the batch's end
+        assert len(wakeups) == 1
+        got = [await asyncio.wait_for(s.get(), 5) for s in streams]
+        assert [o.request_id for o in got] == ["s0", "s1", "s2"]
+        streams[0].push(snapshot(7))  # outside a batch (a caller's own thread): at once
+        assert len(wakeups) == 2
+        assert not deliveries.defer_wake(lambda: None)
+
+    asyncio.run(main())
