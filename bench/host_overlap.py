@@ -46,6 +46,7 @@ from host_step import StandIn, install_stand_in_graphs  # noqa: E402
 
 from omni import AsyncOmni  # noqa: E402
 from omni.core.sampling_params import SamplingParams  # noqa: E402
+from omni.entrypoints.request_stream import Outbox  # noqa: E402
 from omni.runtime import attention  # noqa: E402
 from tools.make_tiny_checkpoint import ensure_checkpoint  # noqa: E402
 
@@ -103,6 +104,19 @@ def install(engine: Any, device_s: float) -> tuple[StandIn, list[float]]:
     return stand_in, starts
 
 
+FLUSHES = [0]  # Outbox flushes: the caller's event loop woken for a batch of snapshots
+
+
+def count_flushes() -> None:
+    flush = Outbox._flush
+
+    def counted(self: Outbox) -> None:
+        FLUSHES[0] += 1
+        flush(self)
+
+    Outbox._flush = counted  # type: ignore[method-assign]
+
+
 async def level(omni: AsyncOmni, engine: Any, walls: list[float], batch: int, tokens: int) -> dict:
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(128 + i % 16)] for i in range(batch)]
@@ -113,15 +127,22 @@ async def level(omni: AsyncOmni, engine: Any, walls: list[float], batch: int, to
 
     await asyncio.gather(*(one(p) for p in prompts[: min(batch, 4)]))  # warm-up
     walls.clear()
-    before, steps_before = thread_cpu_s(), engine.num_steps
+    before, steps_before, flushes = thread_cpu_s(), engine.num_steps, FLUSHES[0]
     start = time.perf_counter()
     await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - start
     after, num_steps = thread_cpu_s(), engine.num_steps - steps_before
+    wakeups = (FLUSHES[0] - flushes) / num_steps
     periods = [b - a for a, b in zip(walls, walls[1:], strict=False)]
     decode = sorted(periods[2:-2])  # the prefill and the ragged end left out
     cpu = {name: (after[name] - before.get(name, 0.0)) / num_steps for name in after}
-    return {"step": statistics.median(decode), "wall": wall, "steps": num_steps, "cpu": cpu}
+    return {
+        "step": statistics.median(decode),
+        "wall": wall,
+        "steps": num_steps,
+        "cpu": cpu,
+        "wakeups": wakeups,
+    }
 
 
 async def run(args: argparse.Namespace, interval: float | None, ahead: bool) -> list[dict]:
@@ -157,15 +178,17 @@ def main() -> None:
     args = parser.parse_args()
     args.batch = [int(b) for b in args.batch.split(",")]
     args.model = args.model or str(ensure_checkpoint("qwen2", "tiny"))
+    count_flushes()
     attention.uses_triton = lambda device: True  # type: ignore[assignment]  # GPU metadata
     print(
         f"simulated device time {args.device_ms} ms per step; stand-in model body; local "
         f"backend, the stage on its own thread; {os.cpu_count()} CPUs\n"
     )
     print(
-        "| steps | switch interval | B | step p50 ms | busy (device / step) | thread CPU us/step |"
+        "| steps | switch interval | B | step p50 ms | busy (device / step) | loop wake-ups / step "
+        "| thread CPU us/step |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for mode in args.modes.split(","):
         for value in args.switch_interval.split(","):
             interval = None if value == "default" else float(value)
@@ -181,7 +204,10 @@ def main() -> None:
                     f"{name} {v * 1e6:.0f}" for name, v in sorted(r["cpu"].items()) if v * 1e6 >= 5
                 )
                 step_ms = r["step"] * 1e3
-                print(f"| {mode} | {label} | {batch} | {step_ms:.2f} | {busy:.0%} | {threads} |")
+                print(
+                    f"| {mode} | {label} | {batch} | {step_ms:.2f} | {busy:.0%} | "
+                    f"{r['wakeups']:.1f} | {threads} |"
+                )
 
 
 if __name__ == "__main__":
