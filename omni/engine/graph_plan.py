@@ -61,14 +61,19 @@ def capture_step_graphs(config: StageConfig, model: object, runner: ModelRunner)
 
 
 def trial_capture(
-    config: StageConfig, model: StageModel, device: torch.device, max_model_len: int
+    config: StageConfig,
+    model: StageModel,
+    device: torch.device,
+    max_model_len: int,
+    padded: bool | None = None,
 ) -> Callable[[], Callable[[], None]] | None:
     """For the memory profile (gpu_profile.Capture): this stage's step graphs captured on a
     temporary one-block pool, as capture_step_graphs will capture them on the real one, and
-    what drops them (the runner, the adapter's own graphs); None when its steps stay eager."""
+    what drops them (the runner, the adapter's own graphs); None when its steps stay eager.
+    padded: padded_decode's answer, where the caller has it (else asked here)."""
     if device.type != "cuda" and config.engine.cuda_graphs is not True:
         return None  # eager, and nothing a trial could measure
-    if not padded_decode(config, model, device):
+    if not (padded_decode(config, model, device) if padded is None else padded):
         return None
     engine = config.engine
 

@@ -55,6 +55,7 @@ class StageEngine:
             baseline = 0  # loaded before we saw it: everything the process holds counts
         self.model, self.device, self.dtype = model, device, dtype
         self.num_fused_modules = fuse_kernels(config, model, device)
+        padded = padded_decode(config, model, device)  # CUDA-graph steps: profiled, then run
         self.block_size = engine.block_size
         self.max_model_len: int = engine.max_model_len or DEFAULT_MAX_MODEL_LEN
         # None (a StageConfig outside an OmniConfig): every output the adapter emits.
@@ -68,7 +69,7 @@ class StageEngine:
             max_model_len=self.max_model_len,
             num_outputs=len(emits),
             baseline_bytes=baseline,
-            capture=trial_capture(config, model, device, self.max_model_len),
+            capture=trial_capture(config, model, device, self.max_model_len, padded),
         )
         self.num_blocks = memory.num_blocks
         self.kv = KVCacheManager(
@@ -108,7 +109,7 @@ class StageEngine:
             output_cache=self.output_cache,
             seed=engine.seed,
             device=device,
-            padded_decode=padded_decode(config, model, device),
+            padded_decode=padded,
             max_num_seqs=engine.max_num_seqs,
             max_num_batched_tokens=engine.max_num_batched_tokens,
             max_model_len=self.max_model_len,
