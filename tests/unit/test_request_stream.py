@@ -15,19 +15,25 @@ def snapshot(n: int, finished: bool = False) -> OmniOutput:
     return OmniOutput(request_id=f"s{n}", stages={}, final=None, finished=finished)  # type: ignore[arg-type]
 
 
+def counted_wakeups(loop: asyncio.AbstractEventLoop) -> list:
+    """The callbacks scheduled on `loop` from other threads (its wake-ups), from now on."""
+    wakeups = []
+    original = loop.call_soon_threadsafe
+
+    def counted(callback, *args):
+        wakeups.append(callback)
+        return original(callback, *args)
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+    return wakeups
+
+
 def test_many_pushes_wake_the_loop_once_and_each_stream_gets_its_newest():
     async def main() -> None:
         loop = asyncio.get_running_loop()
         streams = [RequestStream(loop) for _ in range(64)]
         assert Outbox.of(loop) is streams[0]._outbox is streams[-1]._outbox
-        wakeups = []
-        original = loop.call_soon_threadsafe
-
-        def counted(callback, *args):
-            wakeups.append(callback)
-            return original(callback, *args)
-
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        wakeups = counted_wakeups(loop)
 
         def driver() -> None:  # one engine step's snapshots, then a second one
             for step in (1, 2):
@@ -87,14 +93,7 @@ def test_a_driver_batch_wakes_the_loop_once_at_its_end():
     async def main() -> None:
         loop = asyncio.get_running_loop()
         streams = [RequestStream(loop) for _ in range(3)]
-        wakeups = []
-        original = loop.call_soon_threadsafe
-
-        def counted(callback, *args):
-            wakeups.append(callback)
-            return original(callback, *args)
-
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        wakeups = counted_wakeups(loop)
         with deliveries.batch():
             for i, stream in enumerate(streams):
                 stream.push(snapshot(i))
