@@ -13,7 +13,9 @@ after install_fused_kernels on the same weights:
   once (what the engine's graphs will leave: kernel time only);
 - kernels per layer and per step, counted with torch.profiler;
 - agreement: greedy tokens of the step and the largest logit difference.
-Ratios are unfused / fused from the same run. Nothing is asserted.
+With --compile, a third variant: transformers' modules under `torch.compile` (inductor, default
+mode; its compile time and graph breaks reported), the alternative issue 20 named for item 2,
+timed the same ways. Ratios are unfused / fused from the same run. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings")
+    parser.add_argument(
+        "--compile", action="store_true", help="also time transformers' modules under torch.compile"
+    )
     return parser.parse_args()
 
 
@@ -98,19 +103,19 @@ def build(device: str, dtype: torch.dtype, batch: int, context: int) -> tuple[An
     return model, inputs
 
 
-def step_fns(model: Any, inputs: dict) -> dict[str, Callable[[], Any]]:
+def step_fns(model: Any, inputs: dict, wrap: Callable[[Any], Any] = lambda m: m) -> dict:
     """What is timed: one decoder layer (layer 0, the step's position embeddings computed once)
-    and the whole model forward."""
+    and the whole model forward, each through `wrap` (torch.compile for that variant)."""
     hidden = model.model.embed_tokens(inputs["input_ids"])
     cos_sin = model.model.rotary_emb(hidden, inputs["position_ids"])
-    layer = model.model.layers[0]
+    layer, whole = wrap(model.model.layers[0]), wrap(model)
     kwargs = dict(position_ids=inputs["position_ids"], omni_attn=inputs["omni_attn"])
 
     def layer_step() -> Any:
         return layer(hidden, position_embeddings=cos_sin, use_cache=False, **kwargs)
 
     def model_step() -> Any:
-        return model(**inputs).logits
+        return whole(**inputs).logits
 
     return {"layer": layer_step, "model": model_step}
 
@@ -161,12 +166,20 @@ def count_kernels(fn: Callable[[], Any]) -> int:
     return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
 
 
-def measure(model: Any, inputs: dict, args: argparse.Namespace) -> dict[str, Any]:
-    """Every number of one variant (fused or not); a failing measurement is reported as n/a."""
+def measure(
+    model: Any, inputs: dict, args: argparse.Namespace, wrap: Callable[[Any], Any] | None = None
+) -> dict[str, Any]:
+    """Every number of one variant (fused or not, compiled or not); a failing measurement is
+    reported as n/a. wrap: applied to the layer and the model (torch.compile); its first calls
+    (the compile) are timed apart."""
     results: dict[str, Any] = {}
-    fns = step_fns(model, inputs)
+    fns = step_fns(model, inputs, wrap) if wrap is not None else step_fns(model, inputs)
     with torch.no_grad():
+        start = time.perf_counter()
         results["logits"] = fns["model"]().float()
+        if wrap is not None:
+            fns["layer"]()
+            results["compile s"] = time.perf_counter() - start
         for name, fn in fns.items():
             results[f"{name} eager"] = time_eager(fn, args.device, args.iters, args.warmup)
             if args.device == "cpu":
@@ -186,24 +199,60 @@ def cell(value: Any, unit: str = "") -> str:
     return str(value)
 
 
-def report(plain: dict[str, Any], fused: dict[str, Any], args: argparse.Namespace) -> None:
+def ratio(a: Any, b: Any) -> str:
+    return f"{a / b:.2f}x" if isinstance(a, float | int) and isinstance(b, float | int) else "-"
+
+
+def report(
+    plain: dict[str, Any], fused: dict[str, Any], compiled: dict[str, Any] | None = None
+) -> None:
     rows = []
+    extra = [compiled] if compiled is not None else []
     for key in ("layer eager", "layer graph", "model eager", "model graph"):
         if key in plain:
             a, b = plain[key], fused.get(key)
-            ratio = f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) else "-"
-            rows.append([f"{key} (ms)", cell(a), cell(b), ratio])
+            more = [cell(c.get(key, "-")) for c in extra]
+            more += [ratio(c.get(key), b) for c in extra]
+            rows.append([f"{key} (ms)", cell(a), cell(b), *more, ratio(a, b)])
     for key in ("layer kernels", "model kernels"):
         if key in plain:
             a, b = plain[key], fused[key]
-            rows.append([key, str(a), str(b), f"{a / max(b, 1):.2f}x"])
-    table(["per decode step", "transformers", "fused", "ratio"], rows)
-    want, got = plain["logits"][0], fused["logits"][0]
-    same = (want.argmax(-1) == got.argmax(-1)).float().mean().item()
-    print(
-        f"\ngreedy tokens equal in {same:.0%} of {want.shape[0]} rows; largest logit difference "
-        f"{(want - got).abs().max().item():.3g} (logits up to {want.abs().max().item():.3g})"
-    )
+            more = [str(c.get(key, "-")) for c in extra] + [ratio(c.get(key), b) for c in extra]
+            rows.append([key, str(a), str(b), *more, ratio(a, max(b, 1))])
+    header = ["per decode step", "transformers", "fused"]
+    header += ["torch.compile", "compile / fused"] if compiled is not None else []
+    table([*header, "transformers / fused"], rows)
+    for name, other in (("fused", fused), ("torch.compile", compiled)):
+        if other is None:
+            continue
+        want, got = plain["logits"][0], other["logits"][0]
+        same = (want.argmax(-1) == got.argmax(-1)).float().mean().item()
+        print(
+            f"\n{name}: greedy tokens equal in {same:.0%} of {want.shape[0]} rows; largest "
+            f"logit difference {(want - got).abs().max().item():.3g} (logits up to "
+            f"{want.abs().max().item():.3g})"
+        )
+    if compiled is not None:
+        print(
+            f"torch.compile: {compiled['compile s']:.1f} s compiling the layer and the model, "
+            f"{compiled['graph breaks']} graph breaks"
+        )
+
+
+def measure_compiled(model: Any, inputs: dict, args: argparse.Namespace) -> dict[str, Any] | None:
+    """transformers' modules (fused forwards uninstalled) under torch.compile, or None with the
+    reason printed when it cannot compile here."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        results = measure(model, inputs, args, wrap=torch.compile)
+    except Exception as error:  # e.g. no C++ compiler for inductor on the CPU
+        print(f"torch.compile: n/a ({type(error).__name__}: {str(error)[:200]})\n")
+        return None
+    results["graph breaks"] = sum(torch._dynamo.utils.counters["graph_break"].values())
+    return results
 
 
 def main() -> int:
@@ -230,7 +279,8 @@ def main() -> int:
     print(f"install_fused_kernels: {patched} modules patched\n")
     fused = measure(model, inputs, args)
     uninstall_fused_kernels(model)
-    report(plain, fused, args)
+    compiled = measure_compiled(model, inputs, args) if args.compile else None
+    report(plain, fused, compiled)
     return 0
 
 

@@ -9,7 +9,8 @@
 #
 # Parts: cuda (the `cuda` tests, in one process), suite (the rest but Ray, 12 workers),
 # decode (bench/gpu.py's decoder parts with the profiler), host (bench/host_step.py), fused
-# (bench/fused_kernels.py: fused layers against transformers' at B=16), split
+# (bench/fused_kernels.py: fused layers against transformers' at B=16, and against
+# torch.compile), split
 # (bench/split_kv.py: the attention's keys split over programs or not, per layer), omni
 # (bench/gpu.py's Qwen2.5-Omni 7B parts), omni-ahead (the same, thinker and talker steps
 # launched ahead, transformers' side skipped), qwen3 (bench/gpu.py --family qwen3_omni_moe, cut to
@@ -69,7 +70,8 @@ run_one() {
     --skip hf-static --decode-batch 16,64 --decode-tokens 64 --prefix-requests 3 ;;
   host) run_part host 60 python3 bench/host_step.py --batch 16,64 ;;
   # Fused Triton kernels against transformers' modules, eager and replayed (issue 20 item 2).
-  fused) run_part fused 120 python3 bench/fused_kernels.py --batch 16 --context 512 ;;
+  # With transformers' modules under torch.compile beside them (the alternative, item 2).
+  fused) run_part fused 240 python3 bench/fused_kernels.py --batch 16 --context 512 --compile ;;
   # The attention with and without its keys split (kernels/split_kv.py), graph-replayed.
   split) run_part split 120 python3 bench/split_kv.py ;;
   omni) run_part omni 330 python3 bench/gpu.py --skip decode --skip prefix --skip steps \
