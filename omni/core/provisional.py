@@ -13,6 +13,8 @@ Invariants:
 - a token that stops its request drops the provisional tokens after it: their KV, written by a
   step already launched, lies past the request's end, in blocks it then releases (the device
   runs that step before any later one that reuses them);
+- a multi-code stage's residual codes follow its tokens: a placeholder with each provisional
+  token (`with_codes`), replaced with it;
 - advance followed at once by resolve is exactly Scheduler.update_from_output.
 """
 
@@ -25,6 +27,7 @@ from omni.core.scheduler import Scheduler
 from omni.core.scheduler_output import RunnerOutput, SchedulerOutput
 
 PLACEHOLDER = 0  # the id a provisional token has on the host; never fed (the device's id is)
+PLACEHOLDER_CODES: tuple[int, ...] = ()  # a multi-code stage's provisional residual codes
 
 
 @dataclass(slots=True)
@@ -33,9 +36,12 @@ class Provisional:
     index: int  # in request.output_token_ids
 
 
-def advance(scheduler: Scheduler, scheduler_output: SchedulerOutput) -> list[Provisional]:
+def advance(
+    scheduler: Scheduler, scheduler_output: SchedulerOutput, *, with_codes: bool = False
+) -> list[Provisional]:
     """A launched step's fed tokens are computed; each request that samples gets a placeholder
-    for its token. Returns the placeholders, in scheduling order (the sampled rows' order)."""
+    for its token (with_codes: a multi-code step's, and for its residual codes). Returns the
+    placeholders, in scheduling order (the sampled rows' order)."""
     pending = []
     requests, running = scheduler.requests, RequestStatus.RUNNING
     for entry in scheduler_output.scheduled:
@@ -46,6 +52,8 @@ def advance(scheduler: Scheduler, scheduler_output: SchedulerOutput) -> list[Pro
         if entry.sample:
             pending.append(Provisional(request, len(request.output_token_ids)))
             request.append_output_token_ids(PLACEHOLDER)
+            if with_codes:
+                request.output_codes.append(PLACEHOLDER_CODES)
             request.num_provisional += 1
     return pending
 
@@ -59,16 +67,17 @@ def resolve(
     """The step's real ids over its placeholders; returns the requests that finished (still
     holding their blocks, as update_from_output's). appended receives each request that got a
     token, in scheduling order."""
-    if runner_output.sampled_codes:
-        raise RuntimeError("multi-code steps are never launched ahead (their codes are read)")
     finished = []
     requests, sampled = scheduler.requests, runner_output.sampled_token_ids
+    codes = runner_output.sampled_codes
     for item in pending:
         request = item.request
         if requests.get(request.request_id) is not request or request.is_finished:
             continue  # aborted (or failed) since its step was launched
         token_id = sampled[request.request_id]
         request.set_output_token(item.index, token_id)
+        if codes:  # a multi-code step: its residual codes over their placeholder too
+            request.output_codes[item.index] = codes[request.request_id]
         request.num_provisional -= 1
         appended.append(request)
         status = scheduler.stop_status(request, token_id, num_output=item.index + 1)

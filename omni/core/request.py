@@ -113,6 +113,11 @@ class Request:
         return self.output_token_ids[len(self.output_token_ids) - self.num_provisional - 1]
 
     @property
+    def last_known_codes(self) -> tuple[int, ...]:
+        """The residual codes of last_known_output (a multi-code stage's)."""
+        return self.output_codes[len(self.output_codes) - self.num_provisional - 1]
+
+    @property
     def is_finished(self) -> bool:
         return self.status.finished
 
@@ -145,6 +150,7 @@ class Request:
     def truncate_outputs(self, num_output_tokens: int) -> None:
         """Keep the first num_output_tokens outputs (those after a stop were provisional)."""
         del self.output_token_ids[num_output_tokens:]
+        del self.output_codes[num_output_tokens:]
         del self._all_token_ids[len(self.prompt_token_ids) + num_output_tokens :]
         self.num_provisional = 0
 

@@ -244,7 +244,7 @@ class StageEngine:
                 max(r.num_cached_tokens, 0),
                 t,
                 # a multi-code stage: the token's residual codes, appended with it
-                new_codes=[r.output_codes[-1]] if r.output_codes else [],
+                new_codes=[r.last_known_codes] if r.output_codes else [],
             )
             for r, t in zip(appended, step_rows, strict=True)
         ]

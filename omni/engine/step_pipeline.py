@@ -10,8 +10,9 @@ placeholders resolved and its updates emitted, while the device runs the second.
 
 A step is launched ahead only where nothing it schedules depends on the ids in flight (else the
 call finishes its step synchronously, which the next call then starts from):
-- the adapter's decode steps take device ids (no host read of a fed id or sampled code), and the
-  stage has padded (CUDA-graph) decode steps for a batch of this size;
+- the adapter's decode steps take device ids (no host read of a fed id or sampled code; a
+  multi-code step's residual codes are fed from the device with them), and the stage has padded
+  (CUDA-graph) decode steps for a batch of this size;
 - every running request sampled in the launched step, each has the input of the position it
   feeds next (a streamed upstream may still be adding positions after it), none reaches
   max_tokens or max_model_len with its provisional token, and nobody waiting could be admitted
@@ -107,10 +108,14 @@ class StepPipeline:
             row_of = {r: i for i, r in enumerate(previous.launched.request_ids)}
             rows = [row_of[entry.request_id] for entry in scheduler_output.scheduled]
             assert previous.launched.ids is not None  # _can_launch_ahead: every request sampled
-            fed = FedIds(previous.launched.ids, np.asarray(rows, dtype=np.int64))
+            ids, codes = previous.launched.ids, previous.launched.codes
+            fed = FedIds(ids, np.asarray(rows, dtype=np.int64), codes)
         launched = engine.runner.launch(scheduler_output, fed)
         engine.ran(scheduler_output)
-        return _InFlight(launched, advance(engine.scheduler, scheduler_output))
+        with_codes = launched.codes is not None  # a multi-code step: its codes are provisional
+        return _InFlight(
+            launched, advance(engine.scheduler, scheduler_output, with_codes=with_codes)
+        )
 
     def _can_launch_ahead(self, current: _InFlight) -> bool:
         engine = self.engine

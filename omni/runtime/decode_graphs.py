@@ -147,17 +147,19 @@ class DecodeGraphs:
         rows: np.ndarray,
         shape: Shape,
         fed_ids: torch.Tensor | None = None,
+        fed_frames: torch.Tensor | None = None,
     ) -> GraphStep | None:
         """Run the padded step at shape_for(scheduled) (rows: the requests' rows in block_tables,
         in order); None when the adapter wants it eager (its decode_prepare said so). fed_ids:
-        the token ids on the device (a step scheduled before they were read)."""
+        the token ids on the device (a step scheduled before they were read); fed_frames: with
+        their residual codes (a multi-code step's), for decode_prepare."""
         decode = shape[0] == shape[1]
         if decode:
             positions = np.fromiter((e.num_computed_tokens for e in scheduled), np.int64)
         else:
             entry = scheduled[0]
             positions = entry.num_computed_tokens + np.arange(len(entry.token_ids))
-        prepared = self.model.decode_prepare(scheduled, positions)
+        prepared = self.model.decode_prepare(scheduled, positions, fed_frames)
         if prepared is None:
             return None
         n = positions.size  # real rows

@@ -19,10 +19,11 @@ from omni.core.scheduler_output import RunnerOutput
 @dataclass(frozen=True)
 class FedIds:
     """Token ids a step feeds from the device: `ids` (a launched step's sampled ids) at `rows`,
-    one row per scheduled request, in order."""
+    one row per scheduled request, in order; a multi-code step's residual `codes` with them."""
 
     ids: torch.Tensor
     rows: np.ndarray
+    codes: torch.Tensor | None = None
 
 
 @dataclass

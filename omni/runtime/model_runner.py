@@ -249,11 +249,13 @@ class ModelRunner:
         if self.output_cache is not None:
             # A replay overwrites the graph's outputs, which the last step's copies may still read.
             self.output_cache.wait_copies_on_device()
-        fed_ids = None
+        fed_ids = fed_frames = None
         if fed is not None:
             (rows,) = upload([fed.rows], self.device)
             fed_ids = fed.ids.index_select(0, rows)
-        return graphs.run(scheduled, self.block_tables, tracked.rows, shape, fed_ids)
+            if fed.codes is not None:  # a multi-code step: each fed frame's residual codes too
+                fed_frames = torch.cat([fed_ids[:, None], fed.codes.index_select(0, rows)], 1)
+        return graphs.run(scheduled, self.block_tables, tracked.rows, shape, fed_ids, fed_frames)
 
     def _track(self, scheduled: list[ScheduledRequest]) -> _Tracked:
         """Take the step's new blocks into each request's table (in the host array, where they

@@ -84,11 +84,17 @@ class StageModelBase:
         return f"adapter {type(self).__name__} has no decode_forward"
 
     def decode_prepare(
-        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+        self,
+        scheduled: list[ScheduledRequest],
+        positions: np.ndarray,
+        fed_frames: torch.Tensor | None = None,
     ) -> DecodeInputs | None:
         """Eagerly, before a padded step's body runs: its n fed tokens' inputs (a decode
         batch's, or one request's suffix; any entry may be is_new) from their absolute positions,
-        with any per-request bookkeeping the step needs; None runs this step eagerly instead."""
+        with any per-request bookkeeping the step needs; None runs this step eagerly instead.
+        fed_frames: [n, 1 + residual codes] a multi-code step launched ahead feeds, still on the
+        device (its entries' token and fed codes are placeholders then); None otherwise, and
+        always for single-code models."""
         return DecodeInputs(positions[None])
 
     def decode_forward(
@@ -204,7 +210,10 @@ class StageModel(Protocol):
     def decode_graph_blocker(self) -> str | None: ...
 
     def decode_prepare(
-        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+        self,
+        scheduled: list[ScheduledRequest],
+        positions: np.ndarray,
+        fed_frames: torch.Tensor | None = None,
     ) -> DecodeInputs | None: ...
 
     def decode_forward(

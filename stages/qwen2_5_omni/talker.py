@@ -196,7 +196,10 @@ class OmniTalkerAdapter(StageModelBase):
         return None
 
     def decode_prepare(
-        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+        self,
+        scheduled: list[ScheduledRequest],
+        positions: np.ndarray,
+        fed_frames: torch.Tensor | None = None,
     ) -> DecodeInputs | None:
         """Decode tokens of running requests whose prompt codes are marked, or of bare codec
         prompts: the same plan as forward's, its text rows gathered here (the arena may move

@@ -133,7 +133,10 @@ class OmniThinkerAdapter(StageModelBase):
         return None
 
     def decode_prepare(
-        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+        self,
+        scheduled: list[ScheduledRequest],
+        positions: np.ndarray,
+        fed_frames: torch.Tensor | None = None,
     ) -> DecodeInputs | None:
         """Decode tokens of running requests only, each multimodal request's shifted by its delta
         (mrope.decode_rows). Prompt chunks and (re)admitted requests run eagerly: their forward

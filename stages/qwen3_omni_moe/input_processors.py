@@ -47,7 +47,7 @@ import numpy as np
 from omni.core.request import MultiModalInput
 from omni.messages import InputDelta, PromptInput, StageInput, StageResult
 from stages.qwen2_5_omni.input_processors import _mm_extras, _only
-from stages.qwen3_omni_moe.talker import speaker_key
+from stages.qwen3_omni_moe.talker_inputs import speaker_key
 
 DEFAULT_SPEAKER = "Ethan"  # transformers' generate default
 REPETITION_PENALTY = 1.05  # generate's talker_repetition_penalty

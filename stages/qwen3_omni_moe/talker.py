@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,12 +52,9 @@ Frame = tuple[TalkerRequestState, int, tuple[int, ...], int]  # state, code 0, t
 Attn = AttentionMetadata
 
 
-def speaker_key(name: str) -> int:
-    """The talker prompt id standing for a speaker (prompt ids only key the prefix cache)."""
-    return zlib.crc32(f"qwen3_omni_moe speaker {name}".encode())
-
-
 class Qwen3OmniTalkerAdapter(StageModelBase):
+    decode_ids_on_device = True  # a frame launched ahead is fed from the device (fed_frames)
+
     def __init__(
         self,
         model_dir: str,
@@ -225,10 +221,14 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
         return experts.blocker(self.talker.model)
 
     def decode_prepare(
-        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+        self,
+        scheduled: list[ScheduledRequest],
+        positions: np.ndarray,
+        fed_frames: torch.Tensor | None = None,
     ) -> DecodeInputs | None:
         """One decode frame per running request past its prompt: forward's inputs and
-        bookkeeping for those rows; anything else (prompts, warm-up rows) runs eagerly."""
+        bookkeeping for those rows; anything else (prompts, warm-up rows) runs eagerly.
+        fed_frames: a step launched ahead's frames, on the device (its entries' are placeholders)."""
         states = [self._states.get(e.request_id) for e in scheduled]
         frames: list[Frame] = []
         for entry, state, position in zip(scheduled, states, positions.tolist(), strict=True):
@@ -237,11 +237,11 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
             if state is None or position < state.prompt_len:
                 return None
             frames.append((state, entry.token_ids[0], entry.fed_codes[0], position))
-        slots = np.array([self._seen.slot(e.request_id) for e in scheduled])
-        codes, slots_on_device = upload(  # one non-blocking copy (host_upload.py)
-            [np.array([[c, *rest] for _, c, rest, _ in frames]), slots], self.device
-        )
-        self._seen.mark(slots_on_device, codes[:, 0])
+        slots = [self._seen.slot(e.request_id) for e in scheduled]
+        fed = [] if fed_frames is not None else [np.array([[c, *r] for _, c, r, _ in frames])]
+        on_device, *uploaded = upload([np.array(slots), *fed], self.device)  # one copy, no wait
+        codes = fed_frames if fed_frames is not None else uploaded[0]
+        self._seen.mark(on_device, codes[:, 0])
         self._sample_ids = [e.request_id for e in scheduled if e.sample]
         deltas = np.array([state.delta for state, _, _, _ in frames], dtype=positions.dtype)
         rows = np.repeat((positions + deltas)[None], 3, axis=0)

@@ -24,6 +24,7 @@ segment (at least 4 rows) in one product, so both paths feed the same bits.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,11 @@ import torch
 from stages.qwen3_omni_moe.rope import rope_index
 
 MIN_PROJECTED_ROWS = 4  # a row's text_projection bits are the same in any product of >= 4 rows
+
+
+def speaker_key(name: str) -> int:
+    """The talker prompt id standing for a speaker (prompt ids only key the prefix cache)."""
+    return zlib.crc32(f"qwen3_omni_moe speaker {name}".encode())
 
 
 @dataclass

@@ -192,7 +192,10 @@ class Qwen3OmniThinkerAdapter(StageModelBase):
         return experts.blocker(self.text_model)
 
     def decode_prepare(
-        self, scheduled: list[ScheduledRequest], positions: np.ndarray
+        self,
+        scheduled: list[ScheduledRequest],
+        positions: np.ndarray,
+        fed_frames: torch.Tensor | None = None,
     ) -> DecodeInputs | None:
         """Decode tokens of running requests only, p + delta on every row past a request's rope
         table (mrope.decode_rows). Prompt chunks run eagerly."""

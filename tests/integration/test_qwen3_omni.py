@@ -128,10 +128,9 @@ def test_pipeline_equals_transformers(qwen3_dir, references, caching, thinker):
     for stage in ("thinker", "talker"):
         overrides[f"stages.{stage}.engine.enable_prefix_caching"] = caching
         overrides[f"stages.{stage}.engine.block_size"] = 4
-    for key, value in thinker.items():
+    for key, value in thinker.items():  # both stages (the talker's frames fed from the device)
         overrides[f"stages.thinker.engine.{key}"] = value
-        if key != "async_scheduling":  # the talker reads its fed codes on the host
-            overrides[f"stages.talker.engine.{key}"] = value
+        overrides[f"stages.talker.engine.{key}"] = value
     prompts = _prompts()
     with Omni(model=qwen3_dir, runtime=RUNTIME, **overrides) as omni:
         rounds = [omni.generate(list(prompts.values()), PARAMS, use_tqdm=False) for _ in range(2)]
@@ -142,6 +141,8 @@ def test_pipeline_equals_transformers(qwen3_dir, references, caching, thinker):
         assert (stats["steps_launched_ahead"] > 0) == ("async_scheduling" in thinker), stats
         talker = omni.backend.hosts["talker"].engine
         assert (talker.stats().get("padded_rows", 0) > 0) == bool(thinker), talker.stats()
+        ahead = talker.stats()["steps_launched_ahead"]
+        assert (ahead > 0) == ("async_scheduling" in thinker), talker.stats()
         # Greedy frames' residual codes through the padded predictor graphs' buffers.
         assert (talker.model._predictor.num_replayed > 0) == bool(thinker)
         hits = {

@@ -196,12 +196,17 @@ async def abort_mid_chunks(omni: Omni) -> None:
     raise AssertionError(f"still held after the abort: {engine.stats()}")
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["eager", "padded-decode"])
-def test_streaming_pipeline_equals_transformers(qwen3_dir, reference, padded):
+@pytest.mark.parametrize(
+    "padded, ahead", [(False, False), (True, False), (True, True)],
+    ids=["eager", "padded-decode", "ahead"],
+)  # fmt: skip
+def test_streaming_pipeline_equals_transformers(qwen3_dir, reference, padded, ahead):
     """padded-decode: thinker and talker decode through their CUDA-graph bodies (run eagerly
-    here), the talker's rows arriving while it decodes."""
+    here), the talker's rows arriving while it decodes; ahead: both launch their steps ahead
+    (the talker's frames fed from the device), its streamed codes those it read."""
     runtime = {"backend": "local", "return_tensors": "all"}
     graphs = {f"stages.{s}.engine.cuda_graphs": True for s in ("thinker", "talker") if padded}
+    graphs |= {f"stages.{s}.engine.async_scheduling": True for s in ("thinker", "talker") if ahead}
     with Omni(model=qwen3_dir, runtime=runtime, **ON_CPU, **graphs) as omni:
         spy = RowSpy(omni.backend.hosts["talker"].engine.model)
         snapshots = omni._call(collect(omni))
@@ -212,6 +217,7 @@ def test_streaming_pipeline_equals_transformers(qwen3_dir, reference, padded):
     check_streamed(snapshots, reference)
     for stage in ("thinker", "talker"):
         assert (stats[stage].get("padded_decode_steps", 0) > 0) == padded, stats[stage]
+        assert (stats[stage]["steps_launched_ahead"] > 0) == ahead, stats[stage]
     # The rows the talker read as they came are the finished thinker's embedding rows (those
     # of reply tokens 1.. fed before the last), bit for bit.
     thinker = snapshots[-1].stages["thinker"]

@@ -3,7 +3,7 @@ the previous step's ids are read. Torch-free."""
 
 from omni.core.block_hash import hash_request_blocks
 from omni.core.kv_cache_manager import KVCacheManager
-from omni.core.provisional import PLACEHOLDER, advance, resolve
+from omni.core.provisional import PLACEHOLDER, PLACEHOLDER_CODES, advance, resolve
 from omni.core.request import Request, RequestStatus
 from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler import Scheduler, SchedulerConfig
@@ -90,3 +90,23 @@ def test_advance_then_resolve_is_update_from_output():
             assert r.all_token_ids == twin.all_token_ids
             assert r.num_computed_tokens == twin.num_computed_tokens
     assert not sync.has_unfinished and not piped.has_unfinished
+
+
+def test_a_multi_code_stages_codes_follow_its_tokens():
+    """A multi-code step launched ahead: each placeholder token has placeholder residual codes,
+    which the scheduler hands on as the fed codes; resolve writes the real ones over them, the
+    last known token's codes are the newest read, and a stop drops the codes after it too."""
+    req, other = request("a", stop_token_ids=[99]), request("b", num_prompt=5, max_tokens=10)
+    scheduler = scheduler_with(req, other)
+    pending = advance(scheduler, scheduler.schedule(), with_codes=True)
+    assert req.output_codes == [PLACEHOLDER_CODES] and req.num_provisional == 1
+    ahead = scheduler.schedule()  # feeds the placeholders: token and codes
+    assert [e.fed_codes for e in ahead.scheduled] == [(PLACEHOLDER_CODES,)] * 2
+    pending_2 = advance(scheduler, ahead, with_codes=True)
+    output = RunnerOutput({"a": 5, "b": 7}, sampled_codes={"a": (1, 2), "b": (3, 4)})
+    assert not resolve(scheduler, pending, output, [])
+    assert req.output_codes == [(1, 2), PLACEHOLDER_CODES] and req.last_known_codes == (1, 2)
+    stop = RunnerOutput({"a": 99, "b": 8}, sampled_codes={"a": (5, 6), "b": (7, 8)})
+    assert resolve(scheduler, pending_2, stop, []) == [req]
+    assert req.output_codes == [(1, 2), (5, 6)] and other.output_codes == [(3, 4), (7, 8)]
+    assert other.last_known_codes == (7, 8)
