@@ -221,8 +221,8 @@ def check_gpu_num_blocks(
 ) -> int:
     """An explicit engine.num_blocks on a GPU stage: its GPU bytes plus step_bytes (what a
     step allocates and frees again, what the adapter may come to hold and the CUDA graphs
-    captured after the pool: the profile's activations, reserve and graphs) must be free now (weights loaded), and its host-side output rows
-    available; share (gpu_memory_utilization, the GPU's total bytes, the stage's peak without
+    captured after the pool: the profile's activations, reserve and graphs) must be free now
+    (weights loaded), and its host-side output rows available; share (gpu_memory_utilization, the GPU's total bytes, the stage's peak without
     its pool): the pool must also fit in the stage's share, so that stages starting at once on
     one GPU (Ray actors, each reading the same free memory) cannot take more than their shares
     together. A ConfigError stating the bytes if not."""

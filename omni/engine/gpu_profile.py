@@ -18,8 +18,9 @@ So weights = loaded - baseline and activations = max_allocated - loaded - tempor
 (the intermediates of the largest captured shape, each graph's outputs) and static buffers from
 start-up on. Graphs bake in the addresses of the KV pool, so they can only be captured after it
 is allocated; the profile therefore captures them once on a temporary pool (the trial's
-`capture`), reads what the allocator reserved for them (`graph_bytes`), and drops them. `measure_footprint` takes the readings through callables (`GpuReadings`), so
-the arithmetic and its wiring are tested on the CPU; `profile_stage` is the CUDA instance.
+`capture`), reads what the allocator reserved for them (`graph_bytes`), and drops them.
+`measure_footprint` takes the readings through callables (`GpuReadings`), so the arithmetic and
+its wiring are tested on the CPU; `profile_stage` is the CUDA instance.
 """
 
 from __future__ import annotations

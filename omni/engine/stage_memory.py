@@ -6,9 +6,9 @@ output cache sits in host memory. On a GPU the stage's footprint is profiled fir
 against the baseline taken before it loaded, the activations of one step of
 max_num_batched_tokens tokens with top-k/top-p sampling of max_num_seqs rows, the adapter's
 extra work and reserve, and a trial capture of its CUDA graphs: omni/engine/gpu_profile.py).
-Then `engine.num_blocks` must fit in the free GPU memory beside those, or, when null, the pool is what is left of
-`engine.gpu_memory_utilization` of the GPU. The output cache lives in pinned host memory
-(output_cache_device: cpu) or on the GPU (cuda). The arithmetic is in
+Then `engine.num_blocks` must fit in the free GPU memory beside those, or, when null, the pool
+is what is left of `engine.gpu_memory_utilization` of the GPU. The output cache lives in pinned
+host memory (output_cache_device: cpu) or on the GPU (cuda). The arithmetic is in
 omni/engine/cache_sizing.py; this module measures what it needs and feeds it in.
 """
 
