@@ -228,7 +228,7 @@ class Qwen3OmniTalkerAdapter(StageModelBase):
     ) -> DecodeInputs | None:
         """One decode frame per running request past its prompt: forward's inputs and
         bookkeeping for those rows; anything else (prompts, warm-up rows) runs eagerly.
-        fed_frames: frames of a step launched ahead, on the device (the entries' are stale)."""
+        fed_frames: a launched-ahead step's frames on the device (the entries hold placeholders)."""
         states = [self._states.get(e.request_id) for e in scheduled]
         frames: list[Frame] = []
         for entry, state, position in zip(scheduled, states, positions.tolist(), strict=True):
