@@ -43,6 +43,7 @@ import uuid
 from typing import Any
 
 import numpy as np
+import torch
 
 from omni.core.request import MultiModalInput
 from omni.messages import InputDelta, PromptInput, StageInput, StageResult
@@ -85,11 +86,13 @@ def thinker_to_talker(upstream: dict[str, StageResult], request: PromptInput) ->
         if key not in thinker.tensors:
             raise ValueError(f"thinker result lacks tensors[{key!r}]")
     ids = np.asarray(prompt + output, dtype=np.int64)
-    embeds = np.asarray(thinker.tensors["inputs_embeds"])
-    hidden = np.asarray(thinker.tensors["accept_hidden_states"])
+    # torch, not numpy: a GPU thinker's rows are bfloat16, which numpy has no type for.
+    embeds = torch.as_tensor(thinker.tensors["inputs_embeds"])
+    hidden = torch.as_tensor(thinker.tensors["accept_hidden_states"])
     user = user_positions(ids[: len(prompt)], layout)
     is_mm = np.isin(ids[user], layout["multimodal"])
-    rows = np.where(is_mm[:, None], hidden[user], embeds[user])
+    at = torch.from_numpy(user)
+    rows = torch.where(torch.from_numpy(is_mm)[:, None], hidden[at], embeds[at])
     start = _assistant_start(ids[: len(prompt)], layout)
     pad = layout["tts_pad"]
     keys = [*ids[start : start + 3].tolist(), pad, pad, pad, speaker_key(speaker.lower()), pad,

@@ -78,7 +78,8 @@ class TalkerRequestState:
 
 
 def _tensor(value: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(value)).to(device=device, dtype=dtype)
+    """A tensor, array or list as a tensor (never through numpy: bfloat16 has no numpy type)."""
+    return torch.as_tensor(value).to(device=device, dtype=dtype)
 
 
 def project(talker: Any, rows: Any) -> torch.Tensor:

@@ -92,8 +92,9 @@ def test_bfloat16_pipeline_replays_thinker_and_talker_steps(qwen3_dir):
         SamplingParams(max_tokens=1),
     ]
     runs = {}
-    for graphs in (True, False):
+    for graphs, ahead in ((True, False), (False, False), (True, True)):
         sets = {**overrides, **{f"stages.{s}.engine.cuda_graphs": graphs for s in stages[:2]}}
+        sets |= {f"stages.{s}.engine.async_scheduling": ahead for s in stages[:2]}
         with Omni(model=qwen3_dir, runtime={"backend": "local"}, **sets) as omni:
             outputs = omni.generate(prompts, params, use_tqdm=False)
             stats = omni.stats()
@@ -106,12 +107,14 @@ def test_bfloat16_pipeline_replays_thinker_and_talker_steps(qwen3_dir):
         for stage in ("thinker", "talker"):
             assert (stats[stage].get("graph_steps", 0) > 0) == graphs, (stage, stats[stage])
             assert stats[stage]["fused_modules"] > 0, (stage, stats[stage])  # norms, layers, ...
-        runs[graphs] = [out.stages["talker"].token_ids for out in outputs]
-    same = sum(
-        a == b
-        for r, s in zip(runs[True], runs[False], strict=True)
-        for a, b in zip(r, s, strict=False)
-    )
-    share = same / max(sum(len(r) for r in runs[False]), 1)
-    print(f"\nQwen3-Omni talker, bfloat16 graph vs eager: {share:.1%} of codes equal")
-    assert share > 0.5
+            assert (stats[stage]["steps_launched_ahead"] > 0) == ahead, (stage, stats[stage])
+        runs[graphs, ahead] = [out.stages["talker"].token_ids for out in outputs]
+    for other, name in (((False, False), "eager"), ((True, True), "graphs, launched ahead")):
+        same = sum(
+            a == b
+            for r, s in zip(runs[True, False], runs[other], strict=True)
+            for a, b in zip(r, s, strict=False)
+        )
+        share = same / max(sum(len(r) for r in runs[other]), 1)
+        print(f"\nQwen3-Omni talker, bfloat16 graphs vs {name}: {share:.1%} of codes equal")
+        assert share > 0.5

@@ -300,3 +300,27 @@ def test_memory_profile_runs_the_encoders_on_the_largest_items(qwen3_dir):
     adapter.profile_extra_work()
     assert sorted(ran) == ["audio", "image"]
     assert adapter.encoder_runs == {} and len(adapter.encoder_cache) == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_bfloat16_stages_speak(qwen3_dir, stream):
+    """bfloat16 thinker and talker (a GPU stage's default dtype), whole and streamed: the
+    thinker's bfloat16 rows reach the talker through the edge (numpy has no bfloat16, so the
+    edge keeps them in torch; through numpy every request failed in the talker's input)."""
+    overrides = {**ON_CPU, **{f"stages.{s}.engine.dtype": "bfloat16" for s in STAGES[:2]}}
+    prompts = list(_prompts().values())[:2]  # text, and an image (the talker's hidden rows)
+    with Omni(model=qwen3_dir, runtime=RUNTIME, **overrides) as omni:
+        if stream:  # Omni.stream: each stage's pieces; the last, code2wav's finished result
+            results = [list(omni.stream([p], PARAMS, stream_audio=True)) for p in prompts]
+            finals = [pieces[-1] for pieces in results]
+        else:
+            outputs = omni.generate(prompts, PARAMS, use_tqdm=False)
+            for out in outputs:
+                assert out.stages["thinker"].tensors["inputs_embeds"].dtype == torch.bfloat16
+                assert len(out.stages["talker"].token_ids) > 0
+            finals = [out.final for out in outputs]
+        stats = omni.stats()
+    assert stats["thinker"]["dtype"] == stats["talker"]["dtype"] == "bfloat16"
+    for final in finals:
+        assert final.error is None, final.error
+        assert final.stage == "code2wav" and final.finished and final.audio.numel() > 0
