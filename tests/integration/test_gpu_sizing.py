@@ -12,7 +12,7 @@ import torch
 from helpers import FakeGpu, make_engine
 
 from omni.config import ConfigError, load_config
-from omni.engine import stage_memory
+from omni.engine import StageEngine, stage_memory
 from omni.engine.cache_sizing import (
     check_gpu_num_blocks,
     gpu_blocks_that_fit,
@@ -203,3 +203,26 @@ def test_cuda_graphs_are_counted_in_the_pool_sizing(qwen2_dir, monkeypatch):
     without, with_graphs = blocks(None), blocks(trial)
     assert len(captured) == 1 and captured[0].decode_graphs is None  # dropped after the reading
     assert without - with_graphs == -(-24 * MiB // model_kv)
+
+
+@pytest.mark.slow
+def test_a_trial_capture_drops_the_adapters_own_graphs():
+    """The Qwen3-Omni talker's code predictor keeps graphs of its own (enable_cuda_graphs): the
+    trial captures them with the decode steps' and drops them again (enable_cuda_graphs(0)),
+    so only the real capture's stay."""
+    from omni.config import config_for_model
+    from tools.make_tiny_checkpoint import ensure_checkpoint
+
+    model_dir = str(ensure_checkpoint("qwen3_omni_moe", "tiny"))
+    overrides = {f"stages.{s}.engine.device": "cpu" for s in ("thinker", "talker", "code2wav")}
+    overrides |= {"stages.talker.engine.cuda_graphs": True, "stages.talker.engine.max_num_seqs": 4}
+    talker = config_for_model(model_dir, overrides=overrides).stages[1]
+    engine = StageEngine(talker)
+    predictor = engine.model._predictor
+    assert predictor.ladder == [1, 2, 4] and predictor.graphs is not None  # the real ones
+    trial = trial_capture(talker, engine.model, torch.device("cpu"), engine.max_model_len)
+    assert trial is not None
+    drop = trial()
+    assert predictor.ladder == [1, 2, 4] and len(predictor.graphs) == 3  # the trial's
+    drop()
+    assert predictor.ladder == [] and predictor.graphs is None
