@@ -201,7 +201,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--ahead",
         action="store_true",
-        help="thinker and talker with engine.async_scheduling (Qwen2.5-Omni; default: off, as "
+        help="thinker and talker with engine.async_scheduling (either family; default: off, as "
         "shipped)",
     )
     p.add_argument(

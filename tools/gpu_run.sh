@@ -14,7 +14,8 @@
 # (bench/split_kv.py: the attention's keys split over programs or not, per layer), omni
 # (bench/gpu.py's Qwen2.5-Omni 7B parts), omni-ahead (the same, thinker and talker steps
 # launched ahead, transformers' side skipped), qwen3 (bench/gpu.py --family qwen3_omni_moe, cut to
-# 24 thinker layers), ray (the `ray` tests, then tools/ray_gpu_check.py: stages on Ray with the
+# 24 thinker layers), qwen3-ahead (the same, both stages launched ahead; qwen3_ahead.log),
+# ray (the `ray` tests, then tools/ray_gpu_check.py: stages on Ray with the
 # GPU split; needs Ray's three parts, tools/ray_parts.sh: each call stashes the part it carries
 # under /tmp/rayparts, and this part installs Ray from them). Set LIMIT_<part>=seconds to change a part's limit; PYTEST_ARGS adds
 # arguments to the suite's pytest (e.g. a list of test files).
@@ -87,6 +88,9 @@ run_one() {
     run_part ray_gpu 120 python3 tools/ray_gpu_check.py ;;
   qwen3) run_part qwen3 420 python3 bench/gpu.py --family qwen3_omni_moe --layers 24 \
     --hf-requests 2 --single 2 --warmup 1 ;;
+  # The same with both stages' steps launched ahead, transformers' side skipped.
+  qwen3-ahead) run_part qwen3_ahead 420 python3 bench/gpu.py --family qwen3_omni_moe \
+    --layers 24 --skip hf --single 2 --warmup 1 --ahead ;;
   *) echo "unknown part: $part" >&2 ;;
   esac
 }
