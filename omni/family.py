@@ -15,8 +15,8 @@ Torch-free and standard-library only (omni/ layer 0).
 
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.util
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -184,19 +184,31 @@ class ModelFamily:
 
 
 def manifest_path(module: str) -> str:
-    """The file of manifest module `module` ("stages.qwen2_5_omni.family"), found on sys.path
-    without importing it or the packages above it (their modules may import torch)."""
+    """The file of manifest module `module` ("stages.qwen2_5_omni.family"), found as `import`
+    would find it (sys.path, and the finders an editable install adds to sys.meta_path) without
+    importing it or the packages above it (their modules may import torch)."""
     *packages, name = module.split(".")
     locations: list[str] | None = None
-    for part in packages:
-        spec = importlib.machinery.PathFinder.find_spec(part, locations)
+    for depth, part in enumerate(packages, start=1):
+        spec = _find_spec(".".join(packages[:depth]), locations)
         if spec is None or not spec.submodule_search_locations:
             raise ValueError(f"model family {module!r}: no package {part!r} found on sys.path")
         locations = list(spec.submodule_search_locations)
-    spec = importlib.machinery.PathFinder.find_spec(name, locations)
+    spec = _find_spec(module, locations)
     if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
         raise ValueError(f"model family {module!r}: no module {name!r} found on sys.path")
     return spec.origin
+
+
+def _find_spec(fullname: str, locations: list[str] | None) -> Any:
+    """The first meta-path finder's spec of `fullname`, searched in `locations` (its parent
+    package's; None: top level), without executing anything."""
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        spec = find_spec(fullname, locations) if find_spec is not None else None
+        if spec is not None:
+            return spec
+    return None
 
 
 def read_manifest(module: str) -> ModelFamily:

@@ -10,6 +10,7 @@ with `pip install --target` into a folder put ahead of the venv's editable insta
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -83,11 +84,18 @@ def test_wheel_contains_the_stage_configs_at_the_top_level(wheel):
     assert "omni/config/schema.py" in names and "stages/causal_lm.py" in names
 
 
-@pytest.mark.parametrize("where", ["checkout", "wheel"])
+@pytest.mark.parametrize("where", ["checkout", "wheel", "editable"])
 def test_validate_finds_the_shipped_config_from_another_directory(
     where, request, tmp_path, omni_type_dir
 ):
-    path = REPO if where == "checkout" else request.getfixturevalue("site")
+    """editable: nothing on PYTHONPATH; the venv's `pip install -e .` (the Makefile's) is found
+    through the finder it adds to sys.meta_path, not sys.path: the manifests too."""
+    path = request.getfixturevalue("site") if where == "wheel" else REPO
+    if where == "editable":
+        if not _installed_editable():
+            pytest.skip("omni is not installed editable in this Python (`make` installs it)")
+        path = tmp_path / "nothing"  # an empty PYTHONPATH entry in place of the checkout
+        path.mkdir()
     code = (
         "import json, omni.config as c; "
         "print(json.dumps([c.__file__, c.STAGE_CONFIG_DIR, sorted(__import__('os').listdir("
@@ -96,8 +104,9 @@ def test_validate_finds_the_shipped_config_from_another_directory(
     done = _python(["-c", code], path, tmp_path)
     assert done.returncode == 0, done.stderr
     module, config_dir, files = json.loads(done.stdout)
-    assert Path(module).is_relative_to(path)
-    assert Path(config_dir) == path / "stage_configs"
+    root = REPO if where == "editable" else path
+    assert Path(module).is_relative_to(root)
+    assert Path(config_dir) == root / "stage_configs"
     assert set(SHIPPED) <= set(files)
     # Without a CONFIG argument, --model picks stage_configs/qwen2_5_omni.yaml: three stages
     # (the one-stage causal-LM fallback would refuse this model_type instead).
@@ -107,6 +116,16 @@ def test_validate_finds_the_shipped_config_from_another_directory(
     assert "3 stage(s)" in done.stdout
     assert "thinker -> talker (thinker_to_talker)" in done.stdout
     assert "talker -> token2wav (talker_to_token2wav)" in done.stdout
+
+
+def _installed_editable() -> bool:
+    """Whether some installed omni is this checkout, editable (the checkout's own egg-info on
+    sys.path, which says nothing of an install, is passed over)."""
+    for dist in importlib.metadata.distributions(name="omni"):
+        url = json.loads(dist.read_text("direct_url.json") or "{}")
+        if url.get("dir_info", {}).get("editable") and url.get("url") == REPO.as_uri():
+            return True
+    return False
 
 
 def test_installed_omni_runs_a_checkpoint_by_its_model_type(site, omni_dir, tmp_path):
