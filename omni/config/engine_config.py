@@ -16,6 +16,10 @@ HASH_ALGOS = ("xxhash", "sha256")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 OUTPUT_CACHE_DEVICES = ("cpu", "cuda")
+# Past this, the ladder's steps of 8 mean hundreds of graphs (each captured twice at start-up: the
+# memory profile's trial, then the real one) for batches whose kernels run long enough that the
+# launches matter less.
+DEFAULT_MAX_GRAPH_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,10 @@ class EngineConfig:
     """Replay decode steps (and short sampled suffixes; token2wav: streamed chunks' DiT) as CUDA
     graphs, padded to fixed shapes; null means on for GPU stages whose model allows it,
     false runs every step eagerly (debugging); true on the CPU runs the same padded steps eagerly."""
+    max_graph_batch: int | None = None
+    """The largest decode batch run padded (replayed as a CUDA graph on a GPU): the top of the
+    batch ladder, so the graphs captured at start-up; larger batches run eagerly. null means
+    min(max_num_seqs, 256)."""
     async_scheduling: bool = False
     """Launch the next decode step before this one's sampled ids are read, feeding them on the
     device, so the host's work overlaps the GPU's (needs CUDA-graph steps and an adapter whose
@@ -86,7 +94,7 @@ class EngineConfig:
         check_types(self)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             require(getattr(self, name) >= 1, self, name, "an integer >= 1")
-        for name in ("num_blocks", "max_model_len"):
+        for name in ("num_blocks", "max_model_len", "max_graph_batch"):
             ok = getattr(self, name) is None or getattr(self, name) >= 1
             require(ok, self, name, "an integer >= 1 or null")
         ok = math.isfinite(self.kv_cache_memory) and self.kv_cache_memory > 0
@@ -111,6 +119,12 @@ class EngineConfig:
         # Cached outputs are found only through prefix hits: without APC they would never be read.
         ok = not (self.cache_outputs and not self.enable_prefix_caching)
         require(ok, self, "cache_outputs", "false or null when enable_prefix_caching is false")
+
+    @property
+    def graph_batch_limit(self) -> int:
+        """max_graph_batch with its null default resolved, never above max_num_seqs."""
+        limit = DEFAULT_MAX_GRAPH_BATCH if self.max_graph_batch is None else self.max_graph_batch
+        return min(self.max_num_seqs, limit)
 
     def resolved_dtype(self, on_gpu: bool) -> str:
         """The dtype with the null default resolved for the stage's device."""

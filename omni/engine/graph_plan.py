@@ -51,13 +51,13 @@ def padded_decode(config: StageConfig, model: object, device: torch.device) -> b
 def capture_step_graphs(config: StageConfig, model: object, runner: ModelRunner) -> None:
     """After the warm-up (so that the graphs return every output): the padded decode steps'
     graphs, then, where those steps run, the adapter's own graphs of its step's sampling side
-    (`enable_cuda_graphs(max_num_seqs, required)`, e.g. a talker's code predictor; eager
-    buffers on the CPU, as the padded steps there)."""
+    (`enable_cuda_graphs(max_rows, required)` up to the decode ladder's top, e.g. a talker's
+    code predictor; eager buffers on the CPU, as the padded steps there)."""
     required = config.engine.cuda_graphs is True
     runner.capture_decode_graphs(required=required)
     enable = getattr(model, "enable_cuda_graphs", None)
     if runner.decode_graphs is not None and enable is not None:
-        enable(config.engine.max_num_seqs, required=required)
+        enable(config.engine.graph_batch_limit, required=required)
 
 
 def trial_capture(
@@ -88,6 +88,7 @@ def trial_capture(
             max_num_seqs=engine.max_num_seqs,
             max_num_batched_tokens=engine.max_num_batched_tokens,
             max_model_len=max_model_len,
+            max_graph_batch=engine.graph_batch_limit,
         )
         runner.warm_up()
         capture_step_graphs(config, model, runner)

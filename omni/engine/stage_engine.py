@@ -113,6 +113,7 @@ class StageEngine:
             max_num_seqs=engine.max_num_seqs,
             max_num_batched_tokens=engine.max_num_batched_tokens,
             max_model_len=self.max_model_len,
+            max_graph_batch=engine.graph_batch_limit,
         )
         self.runner.warm_up()  # outputs it discovers belong to step 0, before any request
         capture_step_graphs(config, model, self.runner)

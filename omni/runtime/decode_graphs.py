@@ -4,7 +4,7 @@ Two kinds of step run at a fixed shape (num_seqs, num_tokens) on static buffers 
 positions, slot mapping, sequence lengths, query starts and block tables of fixed width
 max_model_len / block_size):
 - decode: n requests each feed one token and sample; they run at the next batch size B >= n of
-  the ladder (1, 2, 4, 8, then steps of 8 up to max_num_seqs): shape (B, B).
+  the ladder (1, 2, 4, 8, then steps of 8 up to engine.max_graph_batch): shape (B, B).
 - suffix: one request feeds t tokens and samples the last (the uncached end of a prompt whose
   prefix hit the cache); it runs at the next size T > t of (16, 32, 64, 128, 256) (up to
   max_num_batched_tokens), as shape (2, T): the request, then a padding sequence of T - t.
@@ -72,7 +72,7 @@ class DecodeGraphs:
         *,
         num_blocks: int,
         block_size: int,
-        max_num_seqs: int,
+        max_batch: int,
         max_num_batched_tokens: int,
         max_model_len: int,
         device: torch.device,
@@ -83,7 +83,7 @@ class DecodeGraphs:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
-        self.batch_sizes = batch_ladder(max_num_seqs)
+        self.batch_sizes = batch_ladder(max_batch)
         self.suffix_sizes = suffix_ladder(
             max_suffix_tokens(model, max_num_batched_tokens, max_model_len)
         )

@@ -12,11 +12,11 @@ SUFFIX_SIZES = (16, 32, 64, 128, 256)
 Shape = tuple[int, int]  # (num_seqs, num_tokens)
 
 
-def batch_ladder(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 8 up to max_num_seqs (which is always the last)."""
-    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs]
-    sizes += list(range(16, max_num_seqs, 8))
-    return [*sizes, max_num_seqs]
+def batch_ladder(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 8 up to max_batch (which is always the last)."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_batch]
+    sizes += list(range(16, max_batch, 8))
+    return [*sizes, max_batch]
 
 
 def suffix_ladder(max_suffix_tokens: int) -> list[int]:
@@ -30,9 +30,9 @@ def max_suffix_tokens(model: StageModel, max_num_batched_tokens: int, max_model_
     return min(max_num_batched_tokens, max_model_len) if model.decode_suffixes else 0
 
 
-def num_scratch_blocks(max_num_seqs: int, max_suffix_tokens: int, block_size: int) -> int:
+def num_scratch_blocks(max_batch: int, max_suffix_tokens: int, block_size: int) -> int:
     """KV blocks past the pool that hold the padding tokens' keys (one slot per padding row)."""
-    return -(-max(max_num_seqs, *suffix_ladder(max_suffix_tokens), 1) // block_size)
+    return -(-max(max_batch, *suffix_ladder(max_suffix_tokens), 1) // block_size)
 
 
 def splits_keys(shape: Shape, bound: int, num_kv_heads: int, num_sms: int) -> bool:

@@ -66,17 +66,19 @@ class ModelRunner:
         max_num_seqs: int = 1,
         max_num_batched_tokens: int = 1,
         max_model_len: int = 1,
+        max_graph_batch: int | None = None,
     ) -> None:
         """device: where the KV cache, inputs and metadata live (None: the CPU; the weights are
-        there). padded_decode: decode steps and short suffixes padded to fixed shapes (CUDA
-        graphs once captured on a GPU, decode_graphs.py); the model has no decode blocker."""
+        there). padded_decode: decode batches up to max_graph_batch (None: max_num_seqs) and
+        short suffixes padded to fixed shapes (decode_graphs.py); the model has no blocker."""
         self.model = model
         self.block_size = block_size
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         scratch = 0
+        max_graph_batch = max_num_seqs if max_graph_batch is None else max_graph_batch
         if padded_decode:
             max_suffix = max_suffix_tokens(model, max_num_batched_tokens, max_model_len)
-            scratch = num_scratch_blocks(max_num_seqs, max_suffix, block_size)
+            scratch = num_scratch_blocks(max_graph_batch, max_suffix, block_size)
         self.kv_caches = allocate_kv_caches(
             model.num_layers,
             num_blocks + scratch,
@@ -103,7 +105,7 @@ class ModelRunner:
                 self.kv_caches,
                 num_blocks=num_blocks,
                 block_size=block_size,
-                max_num_seqs=max_num_seqs,
+                max_batch=max_graph_batch,
                 max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len,
                 device=self.device,

@@ -9,9 +9,9 @@ predictor settings (top_k 50, top_p 0.8, temperature 1), seeded per request.
 
 That is num_code_groups - 1 small forwards per frame (15 on the real checkpoint, ~1,500 kernel
 launches), so on a GPU steps whose rows are all greedy (the shipped default) replay it as one
-CUDA graph per padded row count (the batch ladder up to max_num_seqs), all captured at start-up
-(`enable_graphs`; on the CPU the same padded buffers run eagerly, which is how the tests check
-them). Steps with sampled rows run it eagerly: their draws need the host.
+CUDA graph per padded row count (the batch ladder up to engine.max_graph_batch), all captured
+at start-up (`enable_graphs`; on the CPU the same padded buffers run eagerly, which is how the
+tests check them). Steps with sampled rows, or more rows, run it eagerly.
 """
 
 from __future__ import annotations

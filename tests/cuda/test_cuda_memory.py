@@ -75,7 +75,7 @@ def test_a_stage_is_sized_from_its_own_footprint(qwen2_dir):
             gpu_memory_utilization=0.1,
             max_model_len=4096,
             max_num_seqs=65536,  # the cap (sequences x max_model_len) stays above the share
-            cuda_graphs=False,  # a ladder up to 65536 rows would be 8,000 graphs
+            cuda_graphs=False,  # the KV share alone: graphs have a test of their own below
         )
         kv = engine.runner.kv_cache_bytes
         print(f"\nshare 0.1 of {total:,} bytes beside {held.numel():,} held: KV {kv:,} bytes")

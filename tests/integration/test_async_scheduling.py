@@ -26,8 +26,13 @@ def case(qwen2_dir):
 
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"num_blocks": 48, "max_model_len": 192}, {"enable_prefix_caching": False}],
-    ids=["pool", "tiny-pool", "no-caching"],
+    [
+        {},
+        {"num_blocks": 48, "max_model_len": 192},
+        {"enable_prefix_caching": False},
+        {"max_graph_batch": 4},
+    ],
+    ids=["pool", "tiny-pool", "no-caching", "capped-ladder"],
 )
 def test_tokens_equal_transformers(case, extra):
     model_dir, prompts, expected = case
@@ -40,6 +45,8 @@ def test_tokens_equal_transformers(case, extra):
     stats = engine.stats()
     if "num_blocks" in extra:  # the pool, not the batch, is short: fewer steps run ahead
         assert stats["preemptions"] > 0 and stats["steps_launched_ahead"] > 0, stats
+    elif "max_graph_batch" in extra:  # batches above 4 run eagerly, so none of them ahead
+        assert 0 < stats["steps_launched_ahead"] < stats["steps"] // 2, stats
     else:  # also while requests wait for a place: 6 of 13 run, a full batch admits nobody
         assert stats["steps_launched_ahead"] > stats["steps"] * 3 // 4, stats
     if extra.get("enable_prefix_caching", True):

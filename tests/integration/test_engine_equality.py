@@ -32,6 +32,13 @@ CONFIGS = {
         "cuda_graphs": True,
         "max_num_seqs": 6,
     },
+    # The ladder capped below max_num_seqs (1, 2, 4): larger decode batches run eagerly.
+    "padded-capped": {
+        "block_size": 4,
+        "cuda_graphs": True,
+        "max_num_seqs": 6,
+        "max_graph_batch": 4,
+    },
 }
 
 
@@ -50,6 +57,7 @@ def test_tokens_equal_transformers(family_case, name):
     model_dir, prompts, expected = family_case
     engine = make_engine(model_dir, **CONFIGS[name])
     padded_preempting = _record_padded_preempting_steps(engine)
+    eager_decode_sizes = _record_eager_decode_sizes(engine)
     results = run_engine(engine, prompts, GREEDY)
     for prompt_index, (result, want) in enumerate(zip(results, expected, strict=True)):
         assert result.token_ids == want, f"{name}: prompt {prompt_index} differs"
@@ -63,6 +71,11 @@ def test_tokens_equal_transformers(family_case, name):
         assert "padded_rows" not in stats
     if name == "padded-tiny-pool":  # a request preempted in a step whose others ran padded
         assert padded_preempting, stats
+    if name == "padded-capped":  # above the capped ladder's top, and only there, steps run eager
+        assert engine.runner.decode_graphs.batch_sizes == [1, 2, 4]
+        assert eager_decode_sizes and min(eager_decode_sizes) > 4, eager_decode_sizes
+    elif name.startswith("padded"):
+        assert not eager_decode_sizes, eager_decode_sizes
     if name == "caching-off":
         assert all(r.num_cached_tokens == 0 for r in results)
     else:
@@ -84,6 +97,25 @@ def _record_padded_preempting_steps(engine) -> list[int]:
     if graphs is not None:
         engine.runner.launch = recording
     return steps
+
+
+def _record_eager_decode_sizes(engine) -> list[int]:
+    """The batch size of each step that decoded one token per request but did not run padded."""
+    sizes: list[int] = []
+    graphs, launch = engine.runner.decode_graphs, engine.runner.launch
+
+    def recording(scheduler_output, *args):
+        num_padded = graphs.num_padded_steps
+        launched = launch(scheduler_output, *args)
+        scheduled = scheduler_output.scheduled
+        decode = scheduled and all(len(e.token_ids) == 1 and e.sample for e in scheduled)
+        if decode and graphs.num_padded_steps == num_padded:
+            sizes.append(len(scheduled))
+        return launched
+
+    if graphs is not None:
+        engine.runner.launch = recording
+    return sizes
 
 
 def test_second_round_is_served_by_the_cache(family_case):

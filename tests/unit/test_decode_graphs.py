@@ -198,6 +198,13 @@ def test_plan_defaults_and_errors(qwen2_dir):
         padded_decode(_stage(cuda_graphs=True), _Blocked(), cuda)
     with pytest.raises(ConfigError, match="cuda_graphs"):
         _stage(cuda_graphs="yes")
+    # The ladder's top: max_num_seqs up to a default cap, max_graph_batch where given.
+    assert _stage().engine.graph_batch_limit == 32  # max_num_seqs' default
+    assert _stage(max_num_seqs=4096).engine.graph_batch_limit == 256
+    assert _stage(max_num_seqs=4096, max_graph_batch=512).engine.graph_batch_limit == 512
+    assert _stage(max_num_seqs=6, max_graph_batch=512).engine.graph_batch_limit == 6
+    with pytest.raises(ConfigError, match=r"stages\.llm\.engine\.max_graph_batch.*got 0"):
+        _stage(max_graph_batch=0)
 
 
 def test_which_shapes_get_a_long_context_graph():
