@@ -155,9 +155,10 @@ class RequestState:
 
     def _partial(self, stage: str, decode: Decode) -> StageResult:
         tokens = self.tokens[stage]
-        text = self.texts.setdefault(stage, IncrementalText()).update(
-            tokens, lambda token_ids: decode(stage, token_ids)
-        )
+        texts = self.texts.get(stage)
+        if texts is None:
+            texts = self.texts[stage] = IncrementalText()
+        text = texts.update(tokens, lambda token_ids: decode(stage, token_ids))
         chunks = self.audio.get(stage)
         return StageResult(
             self.user_id,
