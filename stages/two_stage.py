@@ -11,6 +11,10 @@ projection from A's hidden size D_A to B's D_B is fixed and seeded, not learned:
 W = randn(D_A, D_B, seed=PROJECTION_SEED) * rms(B's token embeddings) / sqrt(D_A), so projected
 rows have about the scale of B's own embeddings. Any process builds the same W.
 
+Padded (CUDA-graph) steps feed token embeddings only, so B takes them for decode positions alone
+(`decode_prepare`): a step that feeds any prompt position (a lone short prefill, the last prompt
+token after a prefix hit, a recomputed request) runs the eager forward, which adds the rows.
+
 Prefix caching in B keys on its prompt token ids (plus cache salt and A's multimodal hashes),
 not on the embeddings, which is sound because A is causal: A's hidden state at position i is a
 function of A's tokens 0..i (and of the multimodal items and salt those tokens carry), so equal
@@ -22,10 +26,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
+from omni.core.scheduler_output import ScheduledRequest
 from omni.messages import PromptInput, StageInput, StageResult
-from omni.runtime.stage_model import ModelInputs, ModelOutputs, StageModel
+from omni.runtime.stage_model import DecodeInputs, ModelInputs, ModelOutputs, StageModel
 from stages.causal_lm import CausalLMAdapter
 
 PROJECTION_SEED = 1234
@@ -104,6 +110,19 @@ class EmbedsLMAdapter(CausalLMAdapter):
         if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 or embeds.shape[0] != n:
             shape = tuple(embeds.shape) if isinstance(embeds, torch.Tensor) else type(embeds)
             raise ValueError(f"{EMBEDS_KEY} must be a [{n}, D] tensor, got {shape}")
+
+    def decode_prepare(
+        self,
+        scheduled: list[ScheduledRequest],
+        positions: np.ndarray,
+        fed_frames: torch.Tensor | None = None,
+    ) -> DecodeInputs | None:
+        """Generated tokens only; None (eager) when an entry feeds a prompt position. A sampled
+        entry ends at its last known token, so it starts inside the prompt exactly when it
+        feeds more tokens than the request has generated."""
+        if any(len(e.token_ids) > e.num_output_tokens for e in scheduled):
+            return None
+        return super().decode_prepare(scheduled, positions, fed_frames)
 
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
         embeds = self.model.get_input_embeddings()(inputs.input_ids)

@@ -4,6 +4,7 @@ fails in a stage fails alone, while a dead stage (a CUDA error) is reported as s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -12,9 +13,10 @@ from helpers import on_cpu
 from two_stage_support import assert_same, direct_run, prompts, two_stage_config
 
 from omni.core.sampling_params import SamplingParams
+from omni.engine.stage_engine import StageEngine
 from omni.entrypoints.omni import Omni
-from omni.messages import StageInput
-from omni.registry import register_input_processor
+from omni.messages import PromptInput, StageInput
+from omni.registry import get_input_processor, register_input_processor
 from stages.two_stage import hidden_to_embeds
 
 pytestmark = pytest.mark.slow
@@ -53,6 +55,38 @@ def test_local_pipeline_equals_direct_engines(dirs, local_omni):
         assert output.error is None and output.final is output.stages["b"]
         assert_same(output.stages, expected, f"prompt {i}")
         assert output.final.text is not None
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["padded", "ahead"])
+def test_padded_steps_of_b_equal_its_eager_ones(dirs, async_scheduling):
+    """Stage b's prompt positions take a's projected rows, which its padded (CUDA-graph) body
+    does not add: those steps run eagerly, the decode steps padded. Each request alone (a lone
+    short prefill has a suffix's shape), then again (a prefix hit leaves one prompt token to
+    feed, a decode step's shape), then all at once; b's tokens equal the eager engines'."""
+    config = two_stage_config(*dirs)
+    ids = prompts()
+    want = direct_run(config, ids)
+    padded = {"cuda_graphs": True, "async_scheduling": async_scheduling}
+    b_config = config.stage("b")
+    b_config = dataclasses.replace(b_config, engine=dataclasses.replace(b_config.engine, **padded))
+    engine = StageEngine(b_config)
+    edge = get_input_processor(b_config.input_processor)
+    inputs = [
+        edge({"a": w["a"]}, PromptInput(f"r{i}", p))
+        for i, (p, w) in enumerate(zip(ids, want, strict=True))
+    ]
+    rounds = [[[x] for x in inputs], [[x] for x in inputs], [inputs]]  # alone, hits, together
+    for number, batches in enumerate(rounds):
+        for batch in batches:
+            for x in batch:
+                request = dataclasses.replace(x, request_id=f"{number}-{x.request_id}")
+                engine.add_request(dataclasses.replace(request, sampling_params=b_config.sampling))
+            for result in engine.run_until_done():
+                index = int(result.request_id.rsplit("r", 1)[1])
+                assert result.token_ids == want[index]["b"].token_ids, result.request_id
+    stats = engine.stats()
+    assert stats["padded_decode_steps"] > 0 and stats["kv_hit_tokens"] > 0, stats
+    assert (stats["steps_launched_ahead"] > 0) == async_scheduling, stats
 
 
 def test_stream_yields_each_stage_as_it_finishes(local_omni):
