@@ -193,11 +193,12 @@ class RayBackend:
             limit = f"runtime.max_stage_restarts={self.max_restarts}"
             self._dead[replica] = f"{why}; not restarted again ({limit})"
             return StageDied(stage, why, restarting=False, request_ids=request_ids)
+        # Held before counted: no reader sees the restart with the replica unheld (old placement).
+        self._held[replica] = []
         self.num_restarts[replica] += 1
         logger.warning("restarting stage %r (restart %d)", replica, self.num_restarts[replica])
         self.actors[replica] = self._create(replica)
         self._starting[self.actors[replica].ready.remote()] = replica
-        self._held[replica] = []
         return StageDied(stage, why, restarting=True, request_ids=request_ids)
 
     def _on_restarted(self, replica: str, ref: Any) -> list[StageEvent]:
