@@ -193,7 +193,6 @@ class RayBackend:
             limit = f"runtime.max_stage_restarts={self.max_restarts}"
             self._dead[replica] = f"{why}; not restarted again ({limit})"
             return StageDied(stage, why, restarting=False, request_ids=request_ids)
-        # Held before counted: no reader sees the restart with the replica unheld (old placement).
         self._held[replica] = []
         self.num_restarts[replica] += 1
         logger.warning("restarting stage %r (restart %d)", replica, self.num_restarts[replica])
@@ -213,8 +212,8 @@ class RayBackend:
             request_ids = None if self.replicas[stage].num_replicas == 1 else frozenset(lost)
             # The held requests are in flight in this stage: the driver fails them on this event.
             return [StageDied(stage, why, restarting=False, request_ids=request_ids)]
-        # Held (submits queue) until the replacement's placement is known: whoever sees the
-        # replica no longer held reads its new placement.
+        # Held from before the restart is counted until the new placement is known: whoever
+        # sees the replica no longer held reads its new placement.
         self.placement[replica] = placement
         held = self._held.pop(replica, [])
         self.replicas[stage].restarted(index)
