@@ -56,8 +56,7 @@ def family_case(request, qwen2_dir, llama_dir):
 def test_tokens_equal_transformers(family_case, name):
     model_dir, prompts, expected = family_case
     engine = make_engine(model_dir, **CONFIGS[name])
-    padded_preempting = _record_padded_preempting_steps(engine)
-    eager_decode_sizes = _record_eager_decode_sizes(engine)
+    padded_preempting, eager_decode_sizes = _record_padded_steps(engine)
     results = run_engine(engine, prompts, GREEDY)
     for prompt_index, (result, want) in enumerate(zip(results, expected, strict=True)):
         assert result.token_ids == want, f"{name}: prompt {prompt_index} differs"
@@ -82,40 +81,28 @@ def test_tokens_equal_transformers(family_case, name):
         assert stats["kv_hit_tokens"] > 0
 
 
-def _record_padded_preempting_steps(engine) -> list[int]:
-    """The padded rows of each step that preempted a request and ran the rest padded."""
-    steps: list[int] = []
+def _record_padded_steps(engine) -> tuple[list[int], list[int]]:
+    """Per launched step, watching the padded path: the padding rows of each step that preempted
+    a request and ran the rest padded; the batch size of each step that decoded one token per
+    request but did not run padded."""
+    padded_preempting: list[int] = []
+    eager_decode_sizes: list[int] = []
     graphs, launch = engine.runner.decode_graphs, engine.runner.launch
 
     def recording(scheduler_output, *args):
-        padded_rows = graphs.num_padded_rows
+        num_padded, padded_rows = graphs.num_padded_steps, graphs.num_padded_rows
         launched = launch(scheduler_output, *args)
         if scheduler_output.preempted_request_ids and graphs.num_padded_rows > padded_rows:
-            steps.append(graphs.num_padded_rows - padded_rows)
-        return launched
-
-    if graphs is not None:
-        engine.runner.launch = recording
-    return steps
-
-
-def _record_eager_decode_sizes(engine) -> list[int]:
-    """The batch size of each step that decoded one token per request but did not run padded."""
-    sizes: list[int] = []
-    graphs, launch = engine.runner.decode_graphs, engine.runner.launch
-
-    def recording(scheduler_output, *args):
-        num_padded = graphs.num_padded_steps
-        launched = launch(scheduler_output, *args)
+            padded_preempting.append(graphs.num_padded_rows - padded_rows)
         scheduled = scheduler_output.scheduled
         decode = scheduled and all(len(e.token_ids) == 1 and e.sample for e in scheduled)
         if decode and graphs.num_padded_steps == num_padded:
-            sizes.append(len(scheduled))
+            eager_decode_sizes.append(len(scheduled))
         return launched
 
     if graphs is not None:
         engine.runner.launch = recording
-    return sizes
+    return padded_preempting, eager_decode_sizes
 
 
 def test_second_round_is_served_by_the_cache(family_case):
