@@ -31,6 +31,7 @@ from omni.engine.device import cuda_memory_stats, resolve_device
 from omni.engine.engine import run_until_done
 from omni.engine.generation_stats import GenerationStats
 from omni.engine.graph_plan import chunk_dtype, chunk_graphs
+from omni.engine.stage_memory import limit_transient_memory, reserved_gpu_bytes
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
 from omni.registry import get_adapter
 from omni.runtime.stage_model import (
@@ -41,6 +42,7 @@ from omni.runtime.stage_model import (
 )
 
 logger = logging.getLogger(__name__)
+NOTHING_HELD = {"memory_allocated_bytes": 0}
 
 
 class GenerationEngine:
@@ -55,6 +57,7 @@ class GenerationEngine:
                 f"stage {self.name!r}: engine.batch_whole_requests is true but adapter "
                 f"{config.adapter!r} has no generate_batch"
             )
+        baseline = reserved_gpu_bytes(device)  # before this stage holds anything
         if model is None:
             model = get_adapter(config.adapter)(config.model, dtype=torch.float32, device=device)
         else:
@@ -64,6 +67,7 @@ class GenerationEngine:
         on_gpu = device.type == "cuda"
         self.chunk_dtype = chunk_dtype(config, model, device)  # before graphs: their precision
         self.cuda_graphs = chunk_graphs(config, model, device)
+        limit_transient_memory(config, model, device, baseline)  # after graphs: held memory
         self.batch_whole = can_batch and config.engine.resolved_batch_whole_requests(on_gpu)
         self._pending: OrderedDict[str, tuple[StageInput, float, int]] = OrderedDict()
         self._streams: dict[str, Stream] = {}
@@ -292,9 +296,5 @@ class GenerationEngine:
             "dtype": "float32",
             **getattr(self.model, "speed_stats", dict)(),
             # No KV or output cache here: on the CPU nothing is held between requests.
-            **(
-                cuda_memory_stats(self.device)
-                if self.device.type == "cuda"
-                else {"memory_allocated_bytes": 0}
-            ),
+            **(cuda_memory_stats(self.device) if self.device.type == "cuda" else NOTHING_HELD),
         }

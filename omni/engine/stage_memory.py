@@ -10,6 +10,10 @@ Then `engine.num_blocks` must fit in the free GPU memory beside those, or, when 
 is what is left of `engine.gpu_memory_utilization` of the GPU. The output cache lives in pinned
 host memory (output_cache_device: cpu) or on the GPU (cuda). The arithmetic is in
 omni/engine/cache_sizing.py; this module measures what it needs and feeds it in.
+
+A generation stage (a vocoder) has no pool; what bounds it on a GPU is its largest transient
+allocation (token2wav's whole decode: the DiT's dense masks), which `limit_transient_memory`
+fits into what its memory share leaves beside what it holds from start-up on.
 """
 
 from __future__ import annotations
@@ -150,3 +154,43 @@ def gpu_pool_num_blocks(
         max_model_len=max_model_len,
         host_block_bytes=host_block,
     )
+
+
+TRANSIENT_SHARE = 0.75
+"""Of what a generation stage's share leaves, the part its adapter's estimate may plan for: the
+rest is for the activations the estimate leaves out (token2wav's: the DiT's hidden states and
+BigVGAN's)."""
+
+
+def reserved_gpu_bytes(device: torch.device, readings: GpuReadings | None = None) -> int:
+    """What the allocator holds on `device` once its unused cache is handed back (0 off a GPU):
+    read before a generation stage loads, the baseline of `limit_transient_memory`."""
+    if device.type != "cuda":
+        return 0
+    readings = readings or GpuReadings.of(device)
+    readings.release()
+    return readings.reserved()
+
+
+def limit_transient_memory(
+    config: StageConfig,
+    model: object,
+    device: torch.device,
+    baseline_bytes: int,
+    readings: GpuReadings | None = None,
+) -> int | None:
+    """On a GPU, tell an adapter with `limit_transient_bytes(n)` the bytes it may plan its
+    largest transient allocation for: TRANSIENT_SHARE of gpu_memory_utilization * total less
+    what the stage holds since baseline_bytes (weights, graph pools), and no more than is free.
+    Returns that budget (None where nothing was limited). Call it once the stage holds all it
+    keeps (its graphs captured)."""
+    limit = getattr(model, "limit_transient_bytes", None)
+    if device.type != "cuda" or limit is None:
+        return None
+    readings = readings or GpuReadings.of(device)
+    held = reserved_gpu_bytes(device, readings) - baseline_bytes
+    free, total = readings.mem_info()
+    left = int(gpu_memory_utilization(config) * total) - held
+    budget = max(0, min(int(left * TRANSIENT_SHARE), free))
+    limit(budget)
+    return budget

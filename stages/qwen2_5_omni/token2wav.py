@@ -105,14 +105,26 @@ class OmniToken2WavAdapter(StageModelBase):
         self.samples_per_code = self.repeats * self.hop
         self.vocoder_reach = reach_frames(self.bigvgan)
         self._chunk_defaults = default_context(dit, self.vocoder_reach)
-        self.max_whole_codes = max_whole_decode_codes(
-            repeats=dit.repeats, num_heads=dit.num_attention_heads,
-            budget_bytes=whole_decode_budget_bytes,
-        )  # fmt: skip
+        self.whole_decode_budget_bytes = whole_decode_budget_bytes
+        self.max_whole_codes = self._max_whole_codes(whole_decode_budget_bytes)
         self._encoded_speakers: dict[str, SpeakerInputs] = {}
         self.chunk_graphs: ChunkGraphs | None = None
         self.chunk_autocast: torch.dtype | None = None  # None: chunks in float32
         self.num_float32_retries = 0
+
+    def _max_whole_codes(self, budget: int) -> int:
+        heads = self.dit.config.num_attention_heads
+        return max_whole_decode_codes(repeats=self.repeats, num_heads=heads, budget_bytes=budget)
+
+    def limit_transient_bytes(self, budget_bytes: int) -> None:
+        """The engine's bound from the stage's GPU memory share (stage_memory.py): whole decodes
+        stay within it as well as within whole_decode_budget_bytes."""
+        bound = min(budget_bytes, self.whole_decode_budget_bytes)
+        self.max_whole_codes = self._max_whole_codes(bound)
+        logger.info(
+            "token2wav: whole decodes up to %d codes (masks within %.2f GiB; the GPU share leaves "
+            "%.2f), longer ones in windows", self.max_whole_codes, bound / 2**30, budget_bytes / 2**30
+        )  # fmt: skip
 
     def set_chunk_dtype(self, dtype: torch.dtype) -> None:
         """The DiT's matmul precision in chunks (torch.autocast): float32, float16 or
@@ -135,10 +147,12 @@ class OmniToken2WavAdapter(StageModelBase):
         )
 
     def speed_stats(self) -> dict[str, Any]:
-        """How chunks are decoded: precision, float32 retries, CUDA graphs."""
+        """How chunks are decoded (precision, float32 retries, CUDA graphs), and the longest
+        request decoded whole."""
         precision = {
             "chunk_dtype": str(self.chunk_autocast or torch.float32).removeprefix("torch."),
             "float32_retries": self.num_float32_retries,
+            "max_whole_codes": self.max_whole_codes,
         }
         graphs = self.chunk_graphs
         if graphs is None:

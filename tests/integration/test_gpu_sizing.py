@@ -226,3 +226,40 @@ def test_a_trial_capture_drops_the_adapters_own_graphs():
     assert predictor.ladder == [1, 2, 4] and len(predictor.graphs) == 3  # the trial's
     drop()
     assert predictor.ladder == [] and predictor.graphs is None
+
+
+class _Vocoder:
+    """A generation adapter's memory hook, recording what the engine allowed it."""
+
+    def __init__(self) -> None:
+        self.budgets: list[int] = []
+
+    def limit_transient_bytes(self, budget_bytes: int) -> None:
+        self.budgets.append(budget_bytes)
+
+
+def test_a_generation_stage_plans_its_transient_memory_within_its_share():
+    stage = _stage(gpu_memory_utilization=0.09)
+    gpu = FakeGpu(allocated=GiB, total=40 * GiB, free=30 * GiB)
+    cuda = torch.device("cuda")
+    baseline = stage_memory.reserved_gpu_bytes(cuda, gpu.readings())
+    assert baseline == GiB and gpu.num_releases == 1  # read with the allocator's cache back
+    gpu.reserved += 2 * GiB  # weights and chunk graphs, held from start-up on
+    vocoder = _Vocoder()
+    budget = stage_memory.limit_transient_memory(stage, vocoder, cuda, baseline, gpu.readings())
+    left = int(0.09 * 40 * GiB) - 2 * GiB
+    assert budget == int(left * stage_memory.TRANSIENT_SHARE) and vocoder.budgets == [budget]
+    # Never more than is free (another stage took the rest), never below 0 (share too small).
+    gpu.free = 100 * MiB
+    assert stage_memory.limit_transient_memory(stage, vocoder, cuda, baseline, gpu.readings()) == (
+        100 * MiB
+    )
+    gpu.reserved += 10 * GiB
+    assert stage_memory.limit_transient_memory(stage, vocoder, cuda, baseline, gpu.readings()) == 0
+    # Off a GPU, or an adapter without the hook: nothing is limited, nothing read.
+    before = gpu.num_releases
+    cpu = torch.device("cpu")
+    assert stage_memory.limit_transient_memory(stage, vocoder, cpu, 0, gpu.readings()) is None
+    assert stage_memory.limit_transient_memory(stage, object(), cuda, 0, gpu.readings()) is None
+    assert gpu.num_releases == before and vocoder.budgets[-1] == 0
+    assert stage_memory.reserved_gpu_bytes(cpu, gpu.readings()) == 0

@@ -169,6 +169,12 @@ def test_a_request_past_the_whole_decode_budget_is_decoded_in_windows(omni_dir, 
     # Within the budget nothing changes: the whole decode, exactly.
     short = random_codes(30, seed=2)
     assert torch.equal(whole_decode(bounded, short), whole_decode(amplified, short))
+    # The stage's GPU share (the engine's limit_transient_bytes) lowers the bound, never raises it.
+    bounded.limit_transient_bytes(whole_decode_bytes(25, **shape))
+    assert bounded.max_whole_codes == 25
+    assert bounded.speed_stats()["max_whole_codes"] == 25
+    bounded.limit_transient_bytes(1 << 40)
+    assert bounded.max_whole_codes == 40
 
 
 def test_batched_equals_single_jobs(amplified):
