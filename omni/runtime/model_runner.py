@@ -32,7 +32,7 @@ from omni.runtime.graph_shapes import max_suffix_tokens, num_scratch_blocks
 from omni.runtime.host_upload import upload
 from omni.runtime.launched_step import FedIds, LaunchedStep
 from omni.runtime.output_cache import OutputCache
-from omni.runtime.sampler import Sampler
+from omni.runtime.sampler import TOP_K_CAP, Sampler
 from omni.runtime.stage_model import StageModel
 
 logger = logging.getLogger(__name__)
@@ -135,14 +135,14 @@ class ModelRunner:
     def profile_forward(self, num_tokens: int, num_sample_rows: int) -> None:
         """The largest step the scheduler can make, for memory profiling: one sequence of
         num_tokens fed tokens, then the logits and sampling of num_sample_rows rows, all with
-        top-k and top-p (the costliest path: full-vocabulary sorts, softmax, cumsum, scatter).
+        top-k and top-p (the costliest path: a full-vocabulary sort, softmax, cumsum, masks).
         Needs ceil(num_tokens / block_size) KV blocks; nothing is cached or returned."""
         batch = self._dummy_batch("__profile__", num_tokens)
         outputs = self.model.forward(batch.model_inputs)
         rows = max(1, min(num_sample_rows, num_tokens))
         logits = self.model.compute_logits(outputs.hidden_states[-rows:])
-        # Any top_k > 0 and top_p < 1 take the same full-vocabulary sorts.
-        costliest = SamplingParams(temperature=1.0, top_k=50, top_p=0.9)
+        # A top_k past TOP_K_CAP sorts the whole vocabulary: with top-p, the largest path.
+        costliest = SamplingParams(temperature=1.0, top_k=TOP_K_CAP + 1, top_p=0.9)
         self.sampler(logits, [costliest] * rows, [0] * rows)
 
     def _dummy_batch(self, request_id: str, num_tokens: int) -> PackedBatch:

@@ -5,7 +5,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from omni.core.sampling_params import SamplingParams
-from omni.runtime.sampler import Sampler
+from omni.runtime.sampler import TOP_K_CAP, Sampler
 from tests.sync_counter import SyncCounter
 
 
@@ -58,6 +58,50 @@ def test_top_k_and_top_p_restrict_the_support():
     assert set(top_p) <= {0, 1} and len(set(top_p)) == 2
 
 
+def test_top_k_and_top_p_together_count_the_mass_after_top_k():
+    """One sort (or topk) serves both filters, and top-p's mass is the top-k's renormalised (as
+    transformers' warpers apply them): top_k 2 keeps 5.0 and 4.5 (.62, .38), so top_p 0.5 keeps
+    token 0 alone; counted over the whole row (.42, .26, ...) it would keep token 4 as well."""
+    x = torch.tensor([[5.0, 4.0, 3.0, -10.0, 4.5]]).repeat(300, 1)
+    both = SamplingParams(temperature=1.0, top_k=2, top_p=0.5)
+    assert set(Sampler(seed=1)(x, [both] * 300, [0] * 300)) == {0}
+    # top_k 3 (.51, .31, .19): top_p 0.9 keeps all three.
+    wider = SamplingParams(temperature=1.0, top_k=3, top_p=0.9)
+    assert set(Sampler(seed=1)(x, [wider] * 300, [0] * 300)) == {0, 4, 1}
+
+
+@pytest.mark.parametrize("top_k", [2, TOP_K_CAP + 1])
+def test_top_k_follows_the_distribution(top_k):
+    """Through topk (top_k <= TOP_K_CAP) or a sort of the whole row: the top-k renormalised."""
+    vocab = TOP_K_CAP + 8
+    probs = torch.full((vocab,), 1e-9)
+    probs[:3] = torch.tensor([0.5, 0.3, 0.2])
+    x = probs.log().repeat(4000, 1)
+    params = [SamplingParams(temperature=1.0, top_k=top_k)] * 4000
+    draws = torch.tensor(Sampler(seed=5)(x, params, [0] * 4000))
+    expected = probs[:3] / (probs[:3].sum() if top_k > 3 else probs[:2].sum())
+    expected[2:] = expected[2:] if top_k > 3 else 0.0
+    freq = torch.bincount(draws, minlength=vocab).float()[:3] / 4000
+    assert torch.allclose(freq, expected, atol=0.03) and int(draws.max()) < 3
+
+
+def test_a_seeded_row_draws_the_same_through_topk_or_a_sort():
+    """A seeded row with top_k alone takes topk; beside a row without top_k the batch takes a
+    sort of the whole vocabulary. Its candidates and its noise are the same either way."""
+    x = logits(rows=5, vocab=400, seed=3)
+    seeded = SamplingParams(temperature=2.0, top_k=40, top_p=0.95, seed=77)
+    other = SamplingParams(temperature=1.0, top_p=0.9)
+    greedy = [SamplingParams()] * 4  # few rows sample: topk of theirs alone
+    draws = set()
+    for n in range(20):
+        alone = Sampler()(x[:1], [seeded], [n])[0]
+        beside = Sampler()(x[:2], [seeded, other], [n, 0])[0]
+        among_greedy = Sampler()(x[[1, 2, 3, 4, 0]], [*greedy, seeded], [0, 0, 0, 0, n])[4]
+        assert alone == beside == among_greedy, n
+        draws.add(alone)
+    assert len(draws) > 3  # the draws do differ by output index
+
+
 def test_sampling_follows_the_distribution():
     probs = torch.tensor([0.5, 0.3, 0.2])
     x = probs.log().repeat(4000, 1)
@@ -106,7 +150,7 @@ def test_greedy_rows_take_the_argmax_of_the_logits_as_they_are():
     with _Ops() as seen:
         Sampler()(x, mixed, [0] * 5)
     copies = [shape for f, shape in seen.ops if f == torch.ops.aten._to_copy.default]
-    draws = [shape for f, shape in seen.ops if f == torch.ops.aten.exponential_.default]
+    draws = [shape for f, shape in seen.ops if f == torch.ops.aten.uniform_.default]
     assert copies == [(2, 300)] and draws == [(2, 300)]
 
 
