@@ -10,7 +10,7 @@
 # Parts: cuda (the `cuda` tests, in one process), suite (the rest but Ray, 12 workers),
 # decode (bench/gpu.py's decoder parts with the profiler), host (bench/host_step.py), fused
 # (bench/fused_kernels.py: fused layers against transformers' at B=16, and against
-# torch.compile), split
+# torch.compile), sampler (bench/sampler.py), split
 # (bench/split_kv.py: the attention's keys split over programs or not, per layer), omni
 # (bench/gpu.py's Qwen2.5-Omni 7B parts), omni-ahead (the same, thinker and talker steps
 # launched ahead, transformers' side skipped), qwen3 (bench/gpu.py --family qwen3_omni_moe, cut to
@@ -73,6 +73,8 @@ run_one() {
   # Fused Triton kernels against transformers' modules, eager and replayed (issue 20 item 2).
   # With transformers' modules under torch.compile beside them (the alternative, item 2).
   fused) run_part fused 240 python3 bench/fused_kernels.py --batch 16 --context 512 --compile ;;
+  # Sampled rows (omni/runtime/sampler.py) against transformers' warpers, bf16 logits.
+  sampler) run_part sampler 60 python3 bench/sampler.py --batch 16,64 ;;
   # The attention with and without its keys split (kernels/split_kv.py), graph-replayed.
   split) run_part split 120 python3 bench/split_kv.py ;;
   omni) run_part omni 330 python3 bench/gpu.py --skip decode --skip prefix --skip steps \
