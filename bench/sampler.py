@@ -2,11 +2,11 @@
 sampling of the same logits (its temperature / top-k / top-p warpers, softmax, torch.multinomial),
 measured in the same run on the same device.
 
-omni/runtime/sampler.py draws sampled rows among their candidates sorted by logit: top-k and
-top-p share one sort, and when every row has a top_k of at most TOP_K_CAP, `topk` replaces the
-sort of the whole vocabulary. Rows: temperature only; top_p only (a sort either way); top_k
-only; top_k and top_p (Qwen's generation config: 20 / 0.8); the same with a seed per request
-(omni draws a seeded row's noise from its own generator). Each figure is the median of --repeat
+omni/runtime/sampler.py draws sampled rows among their candidates sorted by logit: rows with
+0 < top_k <= TOP_K_CAP take `topk` of TOP_K_CAP columns instead of a sort of the whole
+vocabulary, other filtered rows one sort for both filters. Rows: temperature only; top_p only (a
+sort either way); top_k only; top_k and top_p (Qwen's generation config: 20 / 0.8); the same
+with a seed per request (omni draws a seeded row's noise from its own generator). Each figure is the median of --repeat
 calls after one warm-up; on a GPU each call ends with the ids' copy to the host. Nothing is
 asserted.
 

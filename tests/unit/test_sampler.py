@@ -85,21 +85,37 @@ def test_top_k_follows_the_distribution(top_k):
     assert torch.allclose(freq, expected, atol=0.03) and int(draws.max()) < 3
 
 
-def test_a_seeded_row_draws_the_same_through_topk_or_a_sort():
-    """A seeded row with top_k alone takes topk; beside a row without top_k the batch takes a
-    sort of the whole vocabulary. Its candidates and its noise are the same either way."""
+def test_a_seeded_row_draws_the_same_whatever_rows_share_its_batch():
+    """Rows are grouped by their own parameters (topk of TOP_K_CAP columns, a sort of the
+    vocabulary, the plain row), so a seeded row computes the same alone, beside rows of other
+    groups, beside rows of its group with other top_k, and among greedy rows."""
     x = logits(rows=5, vocab=400, seed=3)
     seeded = SamplingParams(temperature=2.0, top_k=40, top_p=0.95, seed=77)
-    other = SamplingParams(temperature=1.0, top_p=0.9)
+    neighbours = [
+        [SamplingParams(temperature=1.0, top_p=0.9)],  # sorted
+        [SamplingParams(temperature=0.5, top_k=TOP_K_CAP)],  # top, another k
+        [SamplingParams(temperature=1.0), SamplingParams(top_k=3, seed=5, temperature=1.0)],
+    ]
     greedy = [SamplingParams()] * 4  # few rows sample: topk of theirs alone
     draws = set()
     for n in range(20):
         alone = Sampler()(x[:1], [seeded], [n])[0]
-        beside = Sampler()(x[:2], [seeded, other], [n, 0])[0]
+        for others in neighbours:
+            rows = len(others) + 1
+            assert Sampler()(x[:rows], [seeded, *others], [n] + [0] * len(others))[0] == alone
         among_greedy = Sampler()(x[[1, 2, 3, 4, 0]], [*greedy, seeded], [0, 0, 0, 0, n])[4]
-        assert alone == beside == among_greedy, n
+        assert among_greedy == alone, n
         draws.add(alone)
     assert len(draws) > 3  # the draws do differ by output index
+
+
+def test_sorted_ties_go_by_token_id_and_top_p_one_cuts_nothing():
+    """The sorted group (top_k past TOP_K_CAP): with every logit tied, its top-k is the lowest
+    token ids (a stable sort), and top_p 1 keeps all of them."""
+    x = torch.zeros(3000, TOP_K_CAP + 10)
+    params = [SamplingParams(temperature=1.0, top_k=TOP_K_CAP + 1, top_p=1.0)] * 3000
+    draws = set(Sampler(seed=4)(x, params, [0] * 3000))
+    assert max(draws) <= TOP_K_CAP and len(draws) > 0.9 * (TOP_K_CAP + 1)
 
 
 def test_sampling_follows_the_distribution():
