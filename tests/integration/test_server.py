@@ -276,6 +276,12 @@ def test_completions_plain_lm(lm_client, dirs):
     assert full.usage.completion_tokens == 6
     chat = lm_client.chat.completions.create(model=LM_NAME, messages=_messages("hi"), max_tokens=3)
     assert chat.usage.completion_tokens <= 3
+    # top_k as vLLM takes it: 1 makes any temperature greedy; -1 is no top-k (still sampled).
+    hot = {**kwargs, "temperature": 1.5, "seed": 7}
+    top_1 = lm_client.completions.create(**hot, extra_body={**extra, "top_k": 1})
+    assert top_1.choices[0].text == ref.final.text
+    wide = lm_client.completions.create(**hot, extra_body={**extra, "top_k": -1})
+    assert wide.choices[0].text != ref.final.text
 
 
 def test_bad_requests_name_the_field(servers, client):

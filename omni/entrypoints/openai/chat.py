@@ -75,6 +75,7 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
+        top_k=body.top_k,
         seed=body.seed,
         stop=body.stop,
         stage_sampling=body.stage_sampling,

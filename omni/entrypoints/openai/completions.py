@@ -60,6 +60,7 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         max_tokens=body.max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
+        top_k=body.top_k,
         seed=body.seed,
         stop=body.stop,
         stage_sampling=body.stage_sampling,
