@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from omni.backends import gc_freeze
 from omni.backends.transport import (
     pack,
     pack_event,
@@ -49,6 +50,7 @@ class StageActor:
         self.name = config.name
         self.fetch_timeout_s = fetch_timeout_s
         self.host = StageHost(config, processors, pack=self._put, resolve=self._fetch)
+        gc_freeze.freeze_started()  # this actor's process serves from now on
 
     def ready(self) -> dict[str, Any]:
         """Where this stage runs; returns once the model is loaded."""
@@ -78,6 +80,7 @@ class StageActor:
 
     def shutdown(self) -> None:
         self.host.shutdown()
+        gc_freeze.release()
 
     # One object per result: each request's tensors are fetched (and freed) independently.
     # A step's rows ({request_id: {name: rows}}) are one object for all of its requests.

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from omni.backends import gc_freeze
 from omni.backends.backend import StageBackend
 from omni.config import OmniConfig
 from omni.config.devices import plan_gpus
@@ -62,6 +63,8 @@ class PipelineDriver:
         self.error: str | None = None
         self._thread = threading.Thread(target=self._loop, name="omni-driver", daemon=True)
         self._thread.start()
+        gc_freeze.freeze_started()  # the stages are built: start-up objects out of GC's way
+        self._frozen = True
 
     def add(
         self,
@@ -119,7 +122,12 @@ class PipelineDriver:
             self._thread.join(timeout=POLL_S * 4 + 10)
         with self._lock:
             self.router.fail_all("the pipeline was shut down")
-        self.backend.shutdown()
+        try:
+            self.backend.shutdown()
+        finally:
+            if self._frozen:
+                self._frozen = False
+                gc_freeze.release()
 
     def _check_running(self) -> None:
         if self.error is not None:
