@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import time
 import warnings
 from typing import Any
@@ -205,7 +206,10 @@ async def omni_request(engine: AsyncOmni, ids: list[int], params: list[SamplingP
 
 
 def counters(engine: AsyncOmni) -> dict[str, float]:
-    out: dict[str, float] = {"triton compiles": float(triton_compiles())}
+    # Full (generation 2) collections stop every stage for their length (gc_freeze.py): 0
+    # expected with the start-up objects frozen.
+    full_gcs = float(gc.get_stats()[2]["collections"])
+    out: dict[str, float] = {"triton compiles": float(triton_compiles()), "full gcs": full_gcs}
     for name, stats in engine.stats().items():
         for key in ("steps", "graph_steps", "preemptions", "busy_s", "steps_launched_ahead"):
             if isinstance(stats.get(key), int | float):

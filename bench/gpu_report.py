@@ -128,6 +128,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
             "ahead " + "/".join(stages[:2]),
             "graph " + "/".join(stages[:2]),
             "Triton compiles",
+            "full GCs",
         )
         where = []
         for label, level in levels.items():
@@ -163,6 +164,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
                     ahead,
                     graph,
                     f"{cnt.get('triton compiles', 0):.0f}",
+                    f"{cnt.get('full gcs', 0):.0f}",
                 )
             )
         table(where_header, where)
