@@ -103,8 +103,12 @@ class Sampler:
             if group:
                 end = start + len(group)
                 rows, temperature, top_k, top_p = (v[start:end] for v in vectors)
+                chosen = [params[i] for i in group]
+                # A filter no row of the group sets is a no-op: its passes are skipped.
+                top_k = top_k if any(p.top_k > 0 for p in chosen) else None
+                top_p = top_p if any(p.top_p < 1 for p in chosen) else None
                 values, candidates = _CANDIDATES[name](logits, rows, temperature, top_k, top_p)
-                picked = self._race(values, [params[i] for i in group], group, num_output_tokens)
+                picked = self._race(values, chosen, group, num_output_tokens)
                 if candidates is not None:
                     picked = candidates.gather(1, picked.unsqueeze(1)).squeeze(1)
                 token_ids.index_copy_(0, rows, picked)
@@ -163,8 +167,8 @@ ids None: the whole vocabulary in order."""
 
 
 def _top(
-    logits: torch.Tensor, rows: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-    top_p: torch.Tensor,
+    logits: torch.Tensor, rows: torch.Tensor, temperature: torch.Tensor,
+    top_k: torch.Tensor | None, top_p: torch.Tensor | None,
 ) -> Candidates:  # fmt: skip
     # A positive temperature keeps the order: only the top columns are converted and scaled.
     # When most rows are in the group, topk reads the logits in place (no copy of the rows).
@@ -177,8 +181,8 @@ def _top(
 
 
 def _sorted(
-    logits: torch.Tensor, rows: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-    top_p: torch.Tensor,
+    logits: torch.Tensor, rows: torch.Tensor, temperature: torch.Tensor,
+    top_k: torch.Tensor | None, top_p: torch.Tensor | None,
 ) -> Candidates:  # fmt: skip
     values = logits.index_select(0, rows).float() / temperature.unsqueeze(1)
     values, ids = values.sort(dim=-1, descending=True, stable=True)
@@ -186,17 +190,22 @@ def _sorted(
 
 
 def _plain(
-    logits: torch.Tensor, rows: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-    top_p: torch.Tensor,
+    logits: torch.Tensor, rows: torch.Tensor, temperature: torch.Tensor,
+    top_k: torch.Tensor | None, top_p: torch.Tensor | None,
 ) -> Candidates:  # fmt: skip
     return logits.index_select(0, rows).float() / temperature.unsqueeze(1), None
 
 
-def _filtered(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def _filtered(
+    values: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
     """Candidates sorted largest first: past each row's top_k, then past the smallest prefix
     whose mass (of the top-k) reaches its top_p (the first always stays), at -inf."""
-    position = torch.arange(values.shape[1], device=values.device)
-    values = values.masked_fill(position >= top_k.unsqueeze(1), float("-inf"))
+    if top_k is not None:
+        position = torch.arange(values.shape[1], device=values.device)
+        values = values.masked_fill(position >= top_k.unsqueeze(1), float("-inf"))
+    if top_p is None:
+        return values
     probs = values.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     # top_p 1 cuts nothing, even where rounding takes the running mass to 1.
