@@ -199,3 +199,27 @@ def test_sampler_on_cuda_is_seeded_and_batch_independent():
     assert together[2] == alone[0]
     assert together[1] == int(logits[1].argmax())
     assert all(isinstance(t, int) for t in together)
+
+
+def test_sampler_groups_on_cuda_keep_a_seeded_row_batch_independent():
+    """bf16 logits (many ties), a seeded row of each group (topk of 256 columns, the sorted
+    vocabulary, the plain row) drawn alone and beside rows of the other groups: the same token;
+    and top_k 1 takes a largest logit whatever the temperature."""
+    from omni.runtime.sampler import TOP_K_CAP, Sampler
+
+    generator = torch.Generator(device=CUDA).manual_seed(0)
+    logits = (torch.randn(6, 5000, device=CUDA, generator=generator) * 3).bfloat16()
+    seeded = [
+        SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=11),  # top
+        SamplingParams(temperature=0.9, top_p=0.9, seed=12),  # sorted
+        SamplingParams(temperature=0.9, top_k=TOP_K_CAP + 1, seed=13),  # sorted
+        SamplingParams(temperature=0.9, seed=14),  # plain
+    ]
+    others = [SamplingParams(temperature=1.2, top_k=3), SamplingParams(temperature=0.5, top_p=0.5)]
+    for n in range(8):
+        alone = [Sampler(device=CUDA)(logits[i : i + 1], [p], [n])[0] for i, p in enumerate(seeded)]
+        together = Sampler(seed=3, device=CUDA)(logits, [*seeded, *others], [n] * 4 + [0, 0])
+        assert together[:4] == alone, n
+    greedy = Sampler(device=CUDA)(logits, [SamplingParams(temperature=1.5, top_k=1)] * 6, [0] * 6)
+    best = logits.max(dim=-1).values  # a tie at the max may go to either token
+    assert all(logits[r, token] == best[r] for r, token in enumerate(greedy))
