@@ -26,7 +26,7 @@ from omni.engine.gpu_profile import profile_stage
 from omni.engine.graph_plan import trial_capture
 from omni.messages import StageInput
 from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
-from stages.qwen2_5_omni.token2wav_memory import whole_decode_bytes
+from stages.qwen2_5_omni.token2wav_memory import max_whole_decode_codes, whole_decode_bytes
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 
@@ -135,7 +135,15 @@ def test_local_pipeline_stages_sized_from_their_own_shares(omni_dir):
         (out,) = omni.generate([{"prompt": "hello there"}], use_tqdm=False)
         stats = omni.stats()
         engines = {s: omni.backend.hosts[s].engine.config.engine for s in ("thinker", "talker")}
+        dit = omni.backend.hosts["token2wav"].engine.model.dit
     assert out.error is None and out.final.audio.numel() > 0
+    # The vocoder's whole decode fits in 3/4 of its share (stage_memory.limit_transient_memory),
+    # below the 4 GiB default bound (a 0.02 share of this GPU is far less).
+    shape = {"repeats": dit.repeats, "num_heads": dit.num_attention_heads}
+    whole = stats["token2wav"]["max_whole_codes"]
+    print(f"\ntoken2wav: whole decodes up to {whole} codes")
+    assert 0 < whole < max_whole_decode_codes(budget_bytes=4 << 30, **shape)
+    assert whole_decode_bytes(whole, **shape) <= 0.75 * 0.9 * shares["token2wav"] * total
     for stage in ("thinker", "talker"):
         budget = 0.9 * shares[stage] * total  # a fractional stage uses 0.9 of its share
         kv, blocks, engine = (
