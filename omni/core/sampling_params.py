@@ -39,6 +39,10 @@ class SamplingParams:
     non-negative integers."""
     ignore_eos: bool = False
     """Keep generating after the model's EOS token."""
+    presence_penalty: float = 0.0
+    """In [-2, 2], as OpenAI's: subtracted from the logit of every token already generated."""
+    frequency_penalty: float = 0.0
+    """In [-2, 2], as OpenAI's: subtracted from a token's logit once per time it was generated."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -51,6 +55,15 @@ class SamplingParams:
             set_(self, "seed", _integer("seed", self.seed, None, "an integer or None"))
         set_(self, "stop_token_ids", _token_ids(self.stop_token_ids))
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "True or False")
+        for name in ("presence_penalty", "frequency_penalty"):
+            set_(
+                self, name, _number(name, getattr(self, name), lambda v: -2 <= v <= 2, "in [-2, 2]")
+            )
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the tokens generated so far change the logits (presence or frequency)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
 
     @property
     def greedy(self) -> bool:

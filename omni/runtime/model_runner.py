@@ -7,9 +7,8 @@ Every fed token's per-token outputs are written to the stage-output cache at the
 
 Devices: the KV cache, the step's inputs and its attention metadata live on the runner's
 device, packed on the host with numpy and sent in ONE non_blocking copy from pinned memory
-(omni/runtime/host_upload.py). `launch` queues a step and `LaunchedStep.result` reads its
-sampled ids (the step's device-to-host sync); `execute` is both. Per-request extras stay as the
-stage received them (CPU tensors): the adapter moves what it uses to its device.
+(omni/runtime/host_upload.py). `launch` queues a step and `LaunchedStep.result` reads its ids
+(the step's one sync); `execute` is both. Per-request extras stay CPU tensors.
 """
 
 from __future__ import annotations
@@ -96,6 +95,7 @@ class ModelRunner:
         max_blocks = -(-max(max_model_len, max_num_batched_tokens) // block_size)
         self.block_tables = BlockTables(max_num_seqs + 1, max_blocks)
         self._num_random = 0  # tracked requests that are not greedy (0: skip the per-row check)
+        self._num_penalized = 0  # tracked requests with presence/frequency penalties
         # Per-request stage inputs (upstream embeddings, pixel values, ...), kept until finished.
         self._extras: dict[str, Mapping[str, Any]] = {}
         self.decode_graphs: DecodeGraphs | None = None
@@ -118,10 +118,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """A 2-token forward before serving: every per-token output the stage returns is then
-        discovered (its cache allocated) before any block is cached; and a 1-token one, bound
-        to max_model_len: the GPU compiles the decode attention and its key-split combine now,
-        not on a live request. Whatever this writes (free, uncached blocks) is overwritten."""
+        """A 2-token forward before serving: every per-token output is discovered (its cache
+        allocated) before any block is cached; and a 1-token one, bound to max_model_len: the
+        GPU compiles the decode attention and its key-split combine now, not on a live request."""
         batch = self._dummy_batch("__warm_up__", 2)
         outputs = self.model.forward(batch.model_inputs)
         if self.output_cache is not None:
@@ -166,6 +165,7 @@ class ModelRunner:
             self._extras.pop(request_id, None)
         if request_ids:
             self.model.release(request_ids)  # adapters' per-request state
+            self.sampler.penalties.release(request_ids)
 
     def step_stats(self) -> dict[str, Any]:
         """Steps run eagerly, and what the padded (CUDA-graph) steps did."""
@@ -237,7 +237,8 @@ class ModelRunner:
         all_greedy = self._num_random == 0
         counts = [] if all_greedy else [e.num_output_tokens for e in sampled]
         sample_ids = [e.request_id for e in sampled]
-        ids = self.sampler.sample(logits, params, counts, all_greedy=all_greedy)
+        counted = sample_ids if self._num_penalized else None  # penalties: whose counts
+        ids = self.sampler.sample(logits, params, counts, all_greedy=all_greedy, penalized=counted)
         codes = self.model.sample_codes(hidden, ids, sample_ids, params, counts)
         return LaunchedStep(sample_ids, ids, codes)
 
@@ -260,22 +261,20 @@ class ModelRunner:
         return graphs.run(scheduled, self.block_tables, tracked.rows, shape, fed_ids, fed_frames)
 
     def _track(self, scheduled: list[ScheduledRequest]) -> _Tracked:
-        """Take the step's new blocks into each request's table (in the host array, where they
-        stay: a table is written once per block, never rebuilt)."""
+        """Each request's new blocks into its table: a host array row, written once per block."""
         rows, params = [], []
         requests, tables = self._requests, self.block_tables
         for entry in scheduled:
             state = requests.get(entry.request_id)
             if entry.is_new or state is None:
                 if entry.sampling_params is None:  # the scheduler sets them whenever is_new
-                    raise RuntimeError(
-                        f"request {entry.request_id!r} scheduled without a block table "
-                        f"or sampling params (is_new={entry.is_new})"
-                    )
+                    what = f"request {entry.request_id!r} scheduled without a block table"
+                    raise RuntimeError(f"{what} or sampling params (is_new={entry.is_new})")
                 self._forget(entry.request_id)
                 state = _RequestState(tables.add(entry.new_block_ids), entry.sampling_params)
                 requests[entry.request_id] = state
                 self._num_random += not state.sampling_params.greedy
+                self._num_penalized += state.sampling_params.penalized
             elif entry.new_block_ids:
                 tables.append(state.row, entry.new_block_ids)
             rows.append(state.row)
@@ -288,6 +287,7 @@ class ModelRunner:
         if state is not None:
             self.block_tables.release(state.row)
             self._num_random -= not state.sampling_params.greedy
+            self._num_penalized -= state.sampling_params.penalized
 
     def _pack(self, scheduled: list[ScheduledRequest], tracked: _Tracked) -> PackedBatch:
         return pack_batch(

@@ -35,6 +35,7 @@ import torch
 
 from omni.core.sampling_params import SamplingParams
 from omni.runtime.host_upload import upload
+from omni.runtime.output_penalties import OutputPenalties
 
 _MASK = 2**63 - 1
 TOP_K_CAP = 256
@@ -53,6 +54,7 @@ class Sampler:
         # For unseeded random requests: one stream per device the logits come from.
         self._generators: dict[torch.device, torch.Generator] = {}
         self.generator = self._generator(self.device)
+        self.penalties = OutputPenalties()  # presence/frequency: what each request generated
 
     def _generator(self, device: torch.device) -> torch.Generator:
         generator = self._generators.get(device)
@@ -68,11 +70,16 @@ class Sampler:
         num_output_tokens: list[int],
         *,
         all_greedy: bool = False,
+        penalized: list[str] | None = None,
     ) -> list[int]:
         """logits [num_rows, vocab] on any device, any float dtype; one SamplingParams and output
         count per row. Returns the chosen ids (one device-to-host copy). all_greedy: the caller
-        knows that every row is greedy (no per-row check; num_output_tokens is then unused)."""
-        return self.sample(logits, params, num_output_tokens, all_greedy=all_greedy).tolist()
+        knows that every row is greedy (no per-row check; num_output_tokens is then unused).
+        penalized: see `sample`."""
+        chosen = self.sample(
+            logits, params, num_output_tokens, all_greedy=all_greedy, penalized=penalized
+        )
+        return chosen.tolist()
 
     def sample(
         self,
@@ -81,9 +88,26 @@ class Sampler:
         num_output_tokens: list[int],
         *,
         all_greedy: bool = False,
+        penalized: list[str] | None = None,
     ) -> torch.Tensor:
         """As __call__, but the chosen ids stay on the logits' device ([num_rows] int64): a
-        multi-code step samples more codes from them before the step's one host copy."""
+        multi-code step samples more codes from them before the step's one host copy.
+        penalized: the rows' request ids, when any row has presence or frequency penalties
+        (omni/runtime/output_penalties.py: applied before any row chooses, greedy included)."""
+        if penalized is not None:
+            logits = self.penalties.apply(logits, penalized, params)
+        token_ids = self._choose(logits, params, num_output_tokens, all_greedy)
+        if penalized is not None:
+            self.penalties.record(penalized, params, token_ids)
+        return token_ids
+
+    def _choose(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        num_output_tokens: list[int],
+        all_greedy: bool,
+    ) -> torch.Tensor:
         token_ids = logits.argmax(dim=-1)
         random_rows = [] if all_greedy else [i for i, p in enumerate(params) if not p.greedy]
         if not random_rows:

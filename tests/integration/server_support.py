@@ -239,6 +239,7 @@ BAD = [
     ("multi-token stop", "omni", "chat", {**GOOD, "stop": ["a long stop string"]}, 400, "stop"),
     ("cache_salt not a string", "omni", "chat", {**GOOD, "cache_salt": 3}, 400, "cache_salt"),
     ("top_k below -1", "omni", "chat", {**GOOD, "top_k": -2}, 400, "top_k"),
+    ("penalty past 2", "omni", "chat", {**GOOD, "presence_penalty": 2.5}, 400, "presence_penalty"),
     (
         "completions: empty prompt",
         "lm",

@@ -268,20 +268,24 @@ def test_completions_plain_lm(lm_client, dirs):
     full = lm_client.completions.create(**kwargs, extra_body=extra)
     stream = lm_client.completions.create(**kwargs, extra_body=extra, stream=True)
     joined = "".join(c.choices[0].text for c in stream if c.choices)
+    hot = {**kwargs, "temperature": 1.5, "seed": 7}  # top_k 1: greedy; -1 (vLLM's): no top-k
+    top_1 = lm_client.completions.create(**hot, extra_body={**extra, "top_k": 1})
+    wide = lm_client.completions.create(**hot, extra_body={**extra, "top_k": -1})
+    # OpenAI's penalties reach the text stage (24 tokens: enough for them to change the text).
+    penalties = {"presence_penalty": 1.8, "frequency_penalty": 0.4}
+    longer = {**kwargs, "max_tokens": 24}
+    served = lm_client.completions.create(**longer, **penalties, extra_body=extra)
+    plain = lm_client.completions.create(**longer, extra_body=extra)
+    greedy = SamplingParams(max_tokens=6, ignore_eos=True)
     with Omni(model=dirs["lm"], runtime={"backend": "local"}, **on_cpu("llm")) as lm:
-        (ref,) = lm.generate(
-            [prompt], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False
-        )
-    assert full.choices[0].text == joined == ref.final.text
-    assert full.usage.completion_tokens == 6
+        (ref,) = lm.generate([prompt], greedy, use_tqdm=False)
+        params = SamplingParams(max_tokens=24, ignore_eos=True, **penalties)
+        (penalized,) = lm.generate([prompt], params, use_tqdm=False)
+    assert full.choices[0].text == joined == ref.final.text == top_1.choices[0].text
+    assert full.usage.completion_tokens == 6 and wide.choices[0].text != ref.final.text
+    assert served.choices[0].text == penalized.final.text != plain.choices[0].text
     chat = lm_client.chat.completions.create(model=LM_NAME, messages=_messages("hi"), max_tokens=3)
     assert chat.usage.completion_tokens <= 3
-    # top_k as vLLM takes it: 1 makes any temperature greedy; -1 is no top-k (still sampled).
-    hot = {**kwargs, "temperature": 1.5, "seed": 7}
-    top_1 = lm_client.completions.create(**hot, extra_body={**extra, "top_k": 1})
-    assert top_1.choices[0].text == ref.final.text
-    wide = lm_client.completions.create(**hot, extra_body={**extra, "top_k": -1})
-    assert wide.choices[0].text != ref.final.text
 
 
 def test_bad_requests_name_the_field(servers, client):

@@ -61,6 +61,8 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         temperature=body.temperature,
         top_p=body.top_p,
         top_k=body.top_k,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
         seed=body.seed,
         stop=body.stop,
         stage_sampling=body.stage_sampling,

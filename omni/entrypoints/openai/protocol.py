@@ -42,6 +42,8 @@ class _Sampling(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None
