@@ -223,3 +223,25 @@ def test_sampler_groups_on_cuda_keep_a_seeded_row_batch_independent():
     greedy = Sampler(device=CUDA)(logits, [SamplingParams(temperature=1.5, top_k=1)] * 6, [0] * 6)
     best = logits.max(dim=-1).values  # a tie at the max may go to either token
     assert all(logits[r, token] == best[r] for r, token in enumerate(greedy))
+
+
+def test_penalties_on_cuda_count_what_the_cpu_counts():
+    """OpenAI's penalties on the GPU (counts added to from device ids, no sync): the same
+    penalized logits as on the CPU over a few steps, bf16 logits included."""
+    from omni.runtime.output_penalties import OutputPenalties
+
+    params = [
+        SamplingParams(presence_penalty=1.0, frequency_penalty=0.5),
+        SamplingParams(),
+        SamplingParams(frequency_penalty=-2.0),
+    ]
+    ids = ["a", "b", "c"]
+    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(1)).bfloat16()
+    got = {}
+    for device in ("cpu", CUDA):
+        penalties = OutputPenalties()
+        for tokens in ([4, 1, 7], [4, 2, 7], [5, 3, 7]):
+            penalties.apply(logits.to(device), ids, params)
+            penalties.record(ids, params, torch.tensor(tokens, device=device))
+        got[str(device)] = penalties.apply(logits.to(device), ids, params).cpu()
+    assert got["cpu"].dtype == torch.float32 and torch.equal(got["cpu"], got[str(CUDA)])
