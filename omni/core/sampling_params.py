@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import SupportsIndex
+from typing import Any, SupportsIndex, cast
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this (0 included) sample greedily, as in vLLM: logits divided by a tiny
@@ -43,6 +43,9 @@ class SamplingParams:
     """In [-2, 2], as OpenAI's: subtracted from the logit of every token already generated."""
     frequency_penalty: float = 0.0
     """In [-2, 2], as OpenAI's: subtracted from a token's logit once per time it was generated."""
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    """As OpenAI's: token id -> a bias in [-100, 100] added to its logit before every choice; a
+    dict (ids may be strings of digits, as in JSON) or (id, bias) pairs, kept sorted by id."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -55,6 +58,7 @@ class SamplingParams:
             set_(self, "seed", _integer("seed", self.seed, None, "an integer or None"))
         set_(self, "stop_token_ids", _token_ids(self.stop_token_ids))
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "True or False")
+        set_(self, "logit_bias", _logit_bias(self.logit_bias))
         for name in ("presence_penalty", "frequency_penalty"):
             set_(
                 self, name, _number(name, getattr(self, name), lambda v: -2 <= v <= 2, "in [-2, 2]")
@@ -64,6 +68,11 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Whether the tokens generated so far change the logits (presence or frequency)."""
         return self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether its logits change before it chooses (penalties or a logit bias)."""
+        return self.penalized or bool(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
@@ -107,6 +116,31 @@ def _token_ids(value: object) -> tuple[int, ...]:
                 f"item {index} is {_show(token_id)}"
             ) from None
     return tuple(ids)
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    expected = "a map of token ids to biases in [-100, 100]"
+    if isinstance(value, dict):
+        pairs: Iterable[Any] = value.items()
+    else:
+        _check(isinstance(value, list | tuple), "logit_bias", value, expected)
+        pairs = cast(Iterable[Any], value)
+    out = {}
+    for pair in pairs:
+        ok = isinstance(pair, list | tuple) and len(pair) == 2
+        token_id, bias = tuple(pair) if ok else (None, None)
+        if isinstance(token_id, str) and token_id.isdigit():
+            token_id = int(token_id)  # JSON object keys are strings
+        try:
+            out[_integer("logit_bias", token_id, 0)] = _number(
+                "logit_bias", bias, lambda b: -100 <= b <= 100, "in [-100, 100]"
+            )
+        except ValueError:
+            raise ValueError(
+                f"SamplingParams.logit_bias must be {expected}, got {_short(value)}: "
+                f"{_short(token_id)} -> {_show(bias)}"
+            ) from None
+    return tuple(sorted(out.items()))
 
 
 def _short(value: object) -> str:

@@ -32,6 +32,12 @@ def check_request(
             f"request {request_id!r}: token id {bad} is outside the vocabulary of "
             f"{vocab_size} (stage {stage!r})"
         )
+    biased = [t for t, _ in request.sampling_params.logit_bias if t >= vocab_size]
+    if biased:  # a device-side index error would end the stage
+        raise ValueError(
+            f"request {request_id!r}: logit_bias token id {biased[0]} is outside the vocabulary "
+            f"of {vocab_size} (stage {stage!r})"
+        )
     longest = min(max_model_len, request.num_prompt_tokens + request.sampling_params.max_tokens)
     num_blocks_needed = -(-longest // block_size)
     if num_blocks_needed > num_blocks:

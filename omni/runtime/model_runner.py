@@ -95,7 +95,7 @@ class ModelRunner:
         max_blocks = -(-max(max_model_len, max_num_batched_tokens) // block_size)
         self.block_tables = BlockTables(max_num_seqs + 1, max_blocks)
         self._num_random = 0  # tracked requests that are not greedy (0: skip the per-row check)
-        self._num_penalized = 0  # tracked requests with presence/frequency penalties
+        self._num_adjusted = 0  # tracked requests with penalties or a logit bias
         # Per-request stage inputs (upstream embeddings, pixel values, ...), kept until finished.
         self._extras: dict[str, Mapping[str, Any]] = {}
         self.decode_graphs: DecodeGraphs | None = None
@@ -237,8 +237,8 @@ class ModelRunner:
         all_greedy = self._num_random == 0
         counts = [] if all_greedy else [e.num_output_tokens for e in sampled]
         sample_ids = [e.request_id for e in sampled]
-        counted = sample_ids if self._num_penalized else None  # penalties: whose counts
-        ids = self.sampler.sample(logits, params, counts, all_greedy=all_greedy, penalized=counted)
+        adjusted = sample_ids if self._num_adjusted else None  # penalties: whose counts
+        ids = self.sampler.sample(logits, params, counts, all_greedy=all_greedy, adjusted=adjusted)
         codes = self.model.sample_codes(hidden, ids, sample_ids, params, counts)
         return LaunchedStep(sample_ids, ids, codes)
 
@@ -274,7 +274,7 @@ class ModelRunner:
                 state = _RequestState(tables.add(entry.new_block_ids), entry.sampling_params)
                 requests[entry.request_id] = state
                 self._num_random += not state.sampling_params.greedy
-                self._num_penalized += state.sampling_params.penalized
+                self._num_adjusted += state.sampling_params.adjusts_logits
             elif entry.new_block_ids:
                 tables.append(state.row, entry.new_block_ids)
             rows.append(state.row)
@@ -287,7 +287,7 @@ class ModelRunner:
         if state is not None:
             self.block_tables.release(state.row)
             self._num_random -= not state.sampling_params.greedy
-            self._num_penalized -= state.sampling_params.penalized
+            self._num_adjusted -= state.sampling_params.adjusts_logits
 
     def _pack(self, scheduled: list[ScheduledRequest], tracked: _Tracked) -> PackedBatch:
         return pack_batch(

@@ -70,14 +70,14 @@ class Sampler:
         num_output_tokens: list[int],
         *,
         all_greedy: bool = False,
-        penalized: list[str] | None = None,
+        adjusted: list[str] | None = None,
     ) -> list[int]:
         """logits [num_rows, vocab] on any device, any float dtype; one SamplingParams and output
         count per row. Returns the chosen ids (one device-to-host copy). all_greedy: the caller
         knows that every row is greedy (no per-row check; num_output_tokens is then unused).
-        penalized: see `sample`."""
+        adjusted: see `sample`."""
         chosen = self.sample(
-            logits, params, num_output_tokens, all_greedy=all_greedy, penalized=penalized
+            logits, params, num_output_tokens, all_greedy=all_greedy, adjusted=adjusted
         )
         return chosen.tolist()
 
@@ -88,17 +88,18 @@ class Sampler:
         num_output_tokens: list[int],
         *,
         all_greedy: bool = False,
-        penalized: list[str] | None = None,
+        adjusted: list[str] | None = None,
     ) -> torch.Tensor:
         """As __call__, but the chosen ids stay on the logits' device ([num_rows] int64): a
         multi-code step samples more codes from them before the step's one host copy.
-        penalized: the rows' request ids, when any row has presence or frequency penalties
-        (omni/runtime/output_penalties.py: applied before any row chooses, greedy included)."""
-        if penalized is not None:
-            logits = self.penalties.apply(logits, penalized, params)
+        adjusted: the rows' request ids, when any row has presence or frequency penalties
+        (omni/runtime/output_penalties.py) or a logit bias: both apply before any row chooses,
+        greedy rows included."""
+        if adjusted is not None:
+            logits = _biased(self.penalties.apply(logits, adjusted, params), params)
         token_ids = self._choose(logits, params, num_output_tokens, all_greedy)
-        if penalized is not None:
-            self.penalties.record(penalized, params, token_ids)
+        if adjusted is not None:
+            self.penalties.record(adjusted, params, token_ids)
         return token_ids
 
     def _choose(
@@ -177,6 +178,19 @@ class Sampler:
             np.asarray([p.top_p for p in chosen], dtype=np.float32),
         ]
         return upload(host, logits.device)
+
+
+def _biased(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The logits with each row's logit_bias added (float32 when any row has one; a copy)."""
+    entries = [(j, t, b) for j, p in enumerate(params) for t, b in p.logit_bias]
+    if not entries:
+        return logits
+    rows, tokens, biases = zip(*entries, strict=True)
+    host: list[np.ndarray] = [np.asarray(rows, np.int64), np.asarray(tokens, np.int64),
+                              np.asarray(biases, np.float32)]  # fmt: skip
+    row_index, token_index, bias = upload(host, logits.device)
+    out = logits.to(torch.float32, copy=True)  # the logits may be a graph's static output
+    return out.index_put_((row_index, token_index), bias, accumulate=True)
 
 
 def _group(params: SamplingParams) -> str:

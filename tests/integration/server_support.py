@@ -240,6 +240,7 @@ BAD = [
     ("cache_salt not a string", "omni", "chat", {**GOOD, "cache_salt": 3}, 400, "cache_salt"),
     ("top_k below -1", "omni", "chat", {**GOOD, "top_k": -2}, 400, "top_k"),
     ("penalty past 2", "omni", "chat", {**GOOD, "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("bias past 100", "omni", "chat", {**GOOD, "logit_bias": {"5": 101}}, 400, "logit_bias"),
     (
         "completions: empty prompt",
         "lm",

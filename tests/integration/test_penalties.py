@@ -1,7 +1,8 @@
-"""OpenAI's presence and frequency penalties (omni/runtime/output_penalties.py): the counts and
-their arithmetic, and an engine's greedy tokens against transformers' `generate` with a logits
-processor doing what OpenAI documents (logit - presence * [count > 0] - frequency * count over
-the tokens generated so far), eagerly, padded, launched ahead and under preemption."""
+"""OpenAI's presence and frequency penalties (omni/runtime/output_penalties.py) and logit bias:
+the counts and their arithmetic, and an engine's greedy tokens against transformers' `generate`
+with a logits processor doing what OpenAI documents (logit + bias - presence * [count > 0] -
+frequency * count over the tokens generated so far), eagerly, padded, launched ahead and under
+preemption."""
 
 from __future__ import annotations
 
@@ -16,25 +17,32 @@ from omni.runtime.output_penalties import OutputPenalties
 from omni.runtime.sampler import Sampler
 
 MAX_NEW = 24
-# (presence, frequency): on this tiny model each pair's tokens change if either term is dropped.
-PENALTIES = {"presence": (1.8, 0.4), "frequency": (0.3, 1.5)}
+# (presence, frequency, logit_bias): on this tiny model each case's tokens change if any of its
+# terms is dropped.
+PENALTIES = {"presence": (1.8, 0.4, {}), "frequency": (0.3, 1.5, {}), "bias": (0.0, 0.0, {7: 9.0})}
 
 
 class OpenAIPenalties(LogitsProcessor):
-    """OpenAI's formula on the tokens generated after the prompt (the oracle)."""
+    """OpenAI's formula on the tokens generated after the prompt, plus a logit bias (the oracle)."""
 
-    def __init__(self, prompt_len: int, presence: float, frequency: float) -> None:
+    def __init__(
+        self, prompt_len: int, presence: float, frequency: float, bias: dict[int, float]
+    ) -> None:
         self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+        self.bias = bias
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.Tensor:
         counts = torch.zeros_like(scores)
         generated = input_ids[:, self.prompt_len :]
         counts.scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        scores = scores.clone()
+        for token, bias in self.bias.items():
+            scores[:, token] += bias
         return scores - self.presence * (counts > 0) - self.frequency * counts
 
 
 def transformers_penalized(
-    model_dir: str, prompts: list[list[int]], presence: float, frequency: float
+    model_dir: str, prompts: list[list[int]], presence: float, frequency: float, bias: dict
 ) -> list[list[int]]:
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="sdpa"
@@ -45,7 +53,7 @@ def transformers_penalized(
     with torch.inference_mode():
         for prompt in prompts:
             ids = torch.tensor([prompt])
-            processor = OpenAIPenalties(len(prompt), presence, frequency)
+            processor = OpenAIPenalties(len(prompt), presence, frequency, bias)
             out = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
@@ -82,9 +90,9 @@ def test_greedy_tokens_equal_transformers_with_openai_penalties(qwen2_dir, case,
     engine = make_engine(qwen2_dir, **CONFIGS[name])
     plain = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
     for i, prompt in enumerate(prompts):
-        for kind, (presence, frequency) in PENALTIES.items():
-            params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True,
-                                    presence_penalty=presence, frequency_penalty=frequency)  # fmt: skip
+        for kind, (presence, frequency, bias) in PENALTIES.items():
+            params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, presence_penalty=presence,
+                                    frequency_penalty=frequency, logit_bias=bias)  # fmt: skip
             engine.add_request(StageInput(f"{kind}{i}", prompt, params))
         engine.add_request(StageInput(f"plain{i}", prompt, plain))
     results = {r.request_id: r.token_ids for r in engine.run_until_done()}
@@ -142,5 +150,13 @@ def test_a_penalized_step_syncs_only_for_its_ids():
     ids = ["a", "b", "c", "d"]
     with SyncCounter({"sampler": Sampler.__call__}) as counter:
         for n in range(3):
-            sampler(logits, params, [n] * 4, penalized=ids)
+            sampler(logits, params, [n] * 4, adjusted=ids)
     assert counter.of("sampler") == ["tolist"] * 3
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused_before_any_work(qwen2_dir):
+    engine = make_engine(qwen2_dir, block_size=4)
+    params = SamplingParams(max_tokens=2, logit_bias={10**6: 1.0})
+    with pytest.raises(ValueError, match="logit_bias token id 1000000 is outside the vocabulary"):
+        engine.add_request(StageInput("r", [1, 2, 3], params))
+    assert engine.num_requests == 0

@@ -272,7 +272,7 @@ def test_completions_plain_lm(lm_client, dirs):
     top_1 = lm_client.completions.create(**hot, extra_body={**extra, "top_k": 1})
     wide = lm_client.completions.create(**hot, extra_body={**extra, "top_k": -1})
     # OpenAI's penalties reach the text stage (24 tokens: enough for them to change the text).
-    penalties = {"presence_penalty": 1.8, "frequency_penalty": 0.4}
+    penalties = {"presence_penalty": 1.8, "frequency_penalty": 0.4, "logit_bias": {"7": 3.0}}
     longer = {**kwargs, "max_tokens": 24}
     served = lm_client.completions.create(**longer, **penalties, extra_body=extra)
     plain = lm_client.completions.create(**longer, extra_body=extra)

@@ -78,6 +78,7 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         top_k=body.top_k,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
+        logit_bias=body.logit_bias,
         seed=body.seed,
         stop=body.stop,
         stage_sampling=body.stage_sampling,

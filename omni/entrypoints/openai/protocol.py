@@ -44,6 +44,7 @@ class _Sampling(_Strict):
     top_p: float | None = Field(default=None, gt=0, le=1)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None

@@ -3,7 +3,8 @@
 Every stage starts from its config default (`stage.sampling`). `stage_sampling` (omni extension,
 `{stage name: {SamplingParams field: value}}`) replaces fields of any stage. Then the OpenAI
 fields (`max_tokens`/`max_completion_tokens`, `temperature`, `top_p`, `presence_penalty`,
-`frequency_penalty`, `seed`, `stop`, and `top_k` as vLLM takes it) apply to the last text stage (the thinker of Qwen2.5-Omni). Fields left out keep the config's value (so
+`frequency_penalty`, `logit_bias`, `seed`, `stop`, and `top_k` as vLLM takes it) apply to the last
+text stage (the thinker of Qwen2.5-Omni). Fields left out keep the config's value (so
 `temperature` defaults to the config's, which is greedy in the shipped configs, not OpenAI's 1).
 
 `max_tokens` must fit beside the prompt in the context of the stage it applies to (when that stage
@@ -44,6 +45,7 @@ def plan(
     top_k: int | None = None,
     presence_penalty: float | None = None,
     frequency_penalty: float | None = None,
+    logit_bias: dict[str, float] | None = None,
     seed: int | None = None,
     stop: str | list[str] | None = None,
     stage_sampling: dict[str, dict[str, Any]] | None = None,
@@ -67,6 +69,7 @@ def plan(
             ("top_k", None if top_k is None else max(top_k, 0)),  # vLLM's -1: no top-k
             ("presence_penalty", presence_penalty),
             ("frequency_penalty", frequency_penalty),
+            ("logit_bias", logit_bias),
             ("seed", seed),
         )
         if v is not None
