@@ -83,8 +83,16 @@ def _coerce(value: Any, hint: Any) -> Any:
         for arg in args:
             with contextlib.suppress(_Mismatch):
                 return _coerce(value, arg)
+    elif origin is tuple and isinstance(value, Mapping) and _is_pair(args[0]):
+        # (key, value) pairs written as a mapping; integer keys may come as strings (JSON).
+        digits = typing.get_args(args[0])[0] is int
+        pairs = [(int(k) if digits and str(k).isdigit() else k, v) for k, v in value.items()]
+        return _coerce(pairs, hint)
     elif origin is tuple and isinstance(value, list | tuple):
-        return tuple(_coerce(v, args[0]) for v in value)
+        if args[-1] is Ellipsis:
+            return tuple(_coerce(v, args[0]) for v in value)
+        if len(value) == len(args):  # a fixed-size tuple, e.g. a (token id, bias) pair
+            return tuple(_coerce(v, a) for v, a in zip(value, args, strict=True))
     elif origin is dict and isinstance(value, Mapping):
         return {_coerce(k, args[0]): _coerce(v, args[1]) for k, v in value.items()}
     elif origin is None and not (isinstance(value, bool) and hint is not bool):
@@ -100,12 +108,20 @@ def _describe(hint: Any) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe(a) for a in args)
+    if origin is tuple and _is_pair(args[0]):
+        key, value = typing.get_args(args[0])
+        return f"a mapping from {_plural(key)} to {_plural(value)}"
     if origin is tuple:
         return f"a list of {_plural(args[0])}"
     if origin is dict:
         return f"a mapping from {_plural(args[0])} to {_plural(args[1])}"
     names = {bool: "a boolean", int: "an integer", float: "a finite number", str: "a string"}
     return "null" if hint is type(None) else names.get(hint, f"a mapping of {hint.__name__} keys")
+
+
+def _is_pair(hint: Any) -> bool:
+    args = typing.get_args(hint)
+    return typing.get_origin(hint) is tuple and len(args) == 2 and args[-1] is not Ellipsis
 
 
 def _plural(hint: Any) -> str:
