@@ -178,6 +178,11 @@ def test_greedy_rows_take_the_argmax_of_the_logits_as_they_are():
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"logit_bias": {1: 101}}, "logit_bias"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": 5}, "logit_bias"),
     ],
 )
 def test_bad_sampling_params(kwargs, field):
