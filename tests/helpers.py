@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
@@ -37,8 +39,13 @@ def shared_prefix_prompts(vocab_size: int, num_prompts: int = 12, seed: int = 0)
 
 
 def transformers_greedy(
-    model_dir: str, prompts: list[list[int]], max_new_tokens: int
+    model_dir: str,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    processor: Callable[[list[int]], Any] | None = None,
 ) -> list[list[int]]:
+    """transformers' greedy generate of each prompt; processor: a prompt's extra LogitsProcessor
+    (e.g. an oracle's penalties)."""
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="sdpa"
     ).eval()
@@ -49,7 +56,10 @@ def transformers_greedy(
     with torch.inference_mode():
         for prompt in prompts:
             ids = torch.tensor([prompt])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+            extra = {"logits_processor": [processor(prompt)]} if processor is not None else {}
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra
+            )
             outputs.append(out[0, len(prompt) :].tolist())
     return outputs
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import make_engine, shared_prefix_prompts, transformers_greedy
-from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor
+from transformers import LogitsProcessor
 
 from omni.core.sampling_params import SamplingParams
 from omni.messages import StageInput
@@ -41,36 +41,18 @@ class OpenAIPenalties(LogitsProcessor):
         return scores - self.presence * (counts > 0) - self.frequency * counts
 
 
-def transformers_penalized(
-    model_dir: str, prompts: list[list[int]], presence: float, frequency: float, bias: dict
-) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="sdpa"
-    ).eval()
-    model.generation_config.eos_token_id = None
-    config = GenerationConfig(max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
-    outputs = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            processor = OpenAIPenalties(len(prompt), presence, frequency, bias)
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                generation_config=config,
-                logits_processor=[processor],
-            )
-            outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
-
-
 @pytest.fixture(scope="module")
 def case(qwen2_dir):
     from transformers import AutoConfig
 
     prompts = shared_prefix_prompts(AutoConfig.from_pretrained(qwen2_dir).vocab_size, 3)
     plain = transformers_greedy(qwen2_dir, prompts, MAX_NEW)
-    penalized = {k: transformers_penalized(qwen2_dir, prompts, *v) for k, v in PENALTIES.items()}
+    penalized = {
+        kind: transformers_greedy(
+            qwen2_dir, prompts, MAX_NEW, lambda prompt, v=values: OpenAIPenalties(len(prompt), *v)
+        )
+        for kind, values in PENALTIES.items()
+    }
     return prompts, penalized, plain
 
 
