@@ -241,6 +241,23 @@ BAD = [
     ("top_k below -1", "omni", "chat", {**GOOD, "top_k": -2}, 400, "top_k"),
     ("penalty past 2", "omni", "chat", {**GOOD, "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("bias past 100", "omni", "chat", {**GOOD, "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("logprobs", "omni", "chat", {**GOOD, "logprobs": True}, 400, "logprobs"),
+    (
+        "tools",
+        "lm",
+        "chat",
+        {**GOOD, "model": LM_NAME, "tools": [{"type": "function"}]},
+        400,
+        "tools",
+    ),
+    (
+        "json output",
+        "omni",
+        "chat",
+        {**GOOD, "response_format": {"type": "json_object"}},
+        400,
+        "response_format",
+    ),
     (
         "completions: empty prompt",
         "lm",

@@ -122,3 +122,26 @@ def test_audio_encoding_matches_write_wav(tmp_path):
     assert audio_encoding.wav_bytes(audio, 24000) == (tmp_path / "a.wav").read_bytes()
     pcm = audio_encoding.pcm16_bytes(audio)
     assert b"".join(audio_encoding.chunks(pcm, 64)) == pcm
+
+
+def test_openai_fields_at_their_defaults_are_served_others_named():
+    """Clients send some OpenAI fields at their defaults (logprobs false, a text response
+    format, no tools...): accepted, where anything else is a 400 naming the field (the
+    bad-request table in tests/integration/server_support.py sends those through the server)."""
+    from omni.entrypoints.openai.chat import _unsupported
+
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    defaults = {
+        "logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "tools": [],
+        "tool_choice": "none", "parallel_tool_calls": True, "store": False, "metadata": {"a": "b"},
+    }  # fmt: skip
+    body = ChatCompletionRequest.model_validate({**base, **defaults})
+    assert all(served for _, _, served in _unsupported(body))
+    others = {
+        "logprobs": True, "top_logprobs": 3, "response_format": {"type": "json_object"},
+        "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+        "store": True,
+    }  # fmt: skip
+    for name, value in others.items():
+        body = ChatCompletionRequest.model_validate({**base, name: value})
+        assert [n for n, _, served in _unsupported(body) if not served] == [name]

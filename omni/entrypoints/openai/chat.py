@@ -38,10 +38,25 @@ STREAM_AUDIO_FORMAT = "pcm16"  # raw samples: any run of whole samples plays on 
 AUDIO_TTL_S = 3600
 
 
+def _unsupported(body: ChatCompletionRequest) -> list[tuple[str, object, bool]]:
+    """(field, value, served): OpenAI fields omni serves at their defaults only."""
+    return [
+        ("logprobs", body.logprobs, not body.logprobs),
+        ("top_logprobs", body.top_logprobs, not body.top_logprobs),
+        ("response_format", body.response_format, body.response_format in (None, {"type": "text"})),
+        ("tools", body.tools, not body.tools),
+        ("tool_choice", body.tool_choice, body.tool_choice in (None, "none")),
+        ("store", body.store, not body.store),
+    ]
+
+
 async def create(ctx: Context, request: Request, body: ChatCompletionRequest) -> Response:
     ctx.check_model(body.model)
     if body.n not in (None, 1):
         raise bad_request(f"n: only n=1 is supported, got {body.n}", "n", "unsupported_value")
+    for name, value, served in _unsupported(body):
+        if not served:
+            raise bad_request(f"{name}: {value!r} is not supported", name, "unsupported_value")
     text_stage = ctx.text_stage()
     modalities = body.modalities or ["text"]
     want_audio = "audio" in modalities

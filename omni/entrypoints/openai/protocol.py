@@ -62,6 +62,16 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOutput | None = None
+    # OpenAI fields omni serves only at their defaults (clients send them so): anything else is
+    # a 400 naming the field (chat.py, `_unsupported`), not "extra inputs are not permitted".
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
 
 
 class CompletionRequest(_Sampling):
