@@ -118,6 +118,22 @@ def test_sorted_ties_go_by_token_id_and_top_p_one_cuts_nothing():
     assert max(draws) <= TOP_K_CAP and len(draws) > 0.9 * (TOP_K_CAP + 1)
 
 
+def test_top_group_ties_go_by_token_id_whatever_the_dtype():
+    """bf16 logits tie often; a penalized neighbour turns the batch's logits into float32. A
+    top-k row's candidates are ordered by logit, then token id, either way: top_k 1 takes the
+    lowest id among the largest, and a seeded row draws the same beside a penalized one."""
+    x = torch.zeros(2, 600, dtype=torch.bfloat16)
+    x[:, [500, 7, 300]] = 5.0  # tied largest
+    x[:, 40:60] = 4.0
+    top_1 = SamplingParams(temperature=1.0, top_k=1)
+    assert Sampler()(x, [top_1, top_1], [0, 0]) == [7, 7]
+    seeded = SamplingParams(temperature=2.0, top_k=30, seed=9)
+    penalized = SamplingParams(presence_penalty=1.0)
+    for n in range(10):
+        alone = Sampler()(x[:1], [seeded], [n])[0]
+        assert Sampler()(x, [seeded, penalized], [n, 0], adjusted=["s", "p"])[0] == alone, n
+
+
 def test_sampling_follows_the_distribution():
     probs = torch.tensor([0.5, 0.3, 0.2])
     x = probs.log().repeat(4000, 1)
