@@ -4,7 +4,7 @@ CPython's full (generation 2) collection walks every object it tracks. Once torc
 and a pipeline's stages are loaded that is ~390k objects: a ~190 ms pause on a 2-core CPU during
 which every thread of the process stops (each stage of the local backend, the driver, the
 caller's event loop), since the collector holds the GIL. Serving promotes enough request objects
-to set one off every few seconds (bench/gc_pauses.py). As vLLM does after its start-up, a process
+to set one off soon after start-up and then every so often under load (bench/gc_pauses.py). As vLLM does after its start-up, a process
 that has built its stages collects once and freezes (`gc.freeze`): what exists then moves to a
 permanent generation that collections skip, while what serving creates is collected as before.
 
