@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni.core.logprobs import TokenLogprobs
 from omni.core.request import MultiModalInput
 from omni.core.sampling_params import SamplingParams
 
@@ -146,6 +147,8 @@ class StageResult:
     sample_rate: int | None = None
     error: str | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
+    logprobs: list[TokenLogprobs] | None = None
+    """One per generated token (so far) when SamplingParams.logprobs asked; None otherwise."""
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -186,6 +189,8 @@ class StageUpdate:
     new_codes: list[tuple[int, ...]] = field(default_factory=list)
     """Multi-code stages (Request.output_codes): the residual codes of each new token, so that a
     streaming consumer gets whole frames; empty otherwise."""
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    """SamplingParams.logprobs: those of each new token; empty otherwise."""
 
 
 @dataclass(frozen=True)

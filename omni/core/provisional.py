@@ -78,6 +78,9 @@ def resolve(
         request.set_output_token(item.index, token_id)
         if codes:  # a multi-code step: its residual codes over their placeholder too
             request.output_codes[item.index] = codes[request.request_id]
+        logprobs = runner_output.sampled_logprobs.get(request.request_id)
+        if logprobs is not None:
+            request.output_logprobs[item.index] = logprobs
         request.num_provisional -= 1
         appended.append(request)
         status = scheduler.stop_status(request, token_id, num_output=item.index + 1)

@@ -7,6 +7,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from omni.core.logprobs import TokenLogprobs
 from omni.core.sampling_params import SamplingParams
 
 
@@ -68,6 +69,8 @@ class Request:
         # Multi-code steps: the residual codes sampled with each output token (same length as
         # output_token_ids once any step returned codes; RunnerOutput.sampled_codes).
         self.output_codes: list[tuple[int, ...]] = []
+        # SamplingParams.logprobs: output token index -> its logprobs (RunnerOutput.sampled_logprobs).
+        self.output_logprobs: dict[int, TokenLogprobs] = {}
         self._all_token_ids = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
         # Trailing output tokens that are placeholders for ids still on the device (a step in
@@ -118,6 +121,19 @@ class Request:
         return self.output_codes[len(self.output_codes) - self.num_provisional - 1]
 
     @property
+    def last_known_logprobs(self) -> list[TokenLogprobs]:
+        """The logprobs of last_known_output, as a list of one ([] when there are none)."""
+        entry = self.output_logprobs.get(len(self.output_token_ids) - self.num_provisional - 1)
+        return [] if entry is None else [entry]
+
+    @property
+    def logprobs(self) -> list[TokenLogprobs] | None:
+        """Each output token's logprobs, when SamplingParams.logprobs asked for them."""
+        if self.sampling_params.logprobs is None:
+            return None
+        return [self.output_logprobs[i] for i in range(len(self.output_token_ids))]
+
+    @property
     def is_finished(self) -> bool:
         return self.status.finished
 
@@ -151,6 +167,8 @@ class Request:
         """Keep the first num_output_tokens outputs (those after a stop were provisional)."""
         del self.output_token_ids[num_output_tokens:]
         del self.output_codes[num_output_tokens:]
+        for index in [i for i in self.output_logprobs if i >= num_output_tokens]:
+            del self.output_logprobs[index]
         del self._all_token_ids[len(self.prompt_token_ids) + num_output_tokens :]
         self.num_provisional = 0
 

@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex, cast
 
+from omni.core.logprobs import MAX_LOGPROBS
+
 GREEDY_BELOW = 1e-5
 """Temperatures below this (0 included) sample greedily, as in vLLM: logits divided by a tiny
 temperature overflow float32 (1e-40 made every row NaN, and argmax of NaN is token 0)."""
@@ -46,6 +48,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     """As OpenAI's: token id -> a bias in [-100, 100] added to its logit before every choice; a
     dict (ids may be strings of digits, as in JSON) or (id, bias) pairs, kept sorted by id."""
+    logprobs: int | None = None
+    """Return each sampled token's log-probability (omni/core/logprobs.py) and this many most
+    likely alternatives at its position (0 to 20); None returns none."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -59,6 +64,10 @@ class SamplingParams:
         set_(self, "stop_token_ids", _token_ids(self.stop_token_ids))
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "True or False")
         set_(self, "logit_bias", _logit_bias(self.logit_bias))
+        if self.logprobs is not None:
+            expected = f"an integer in [0, {MAX_LOGPROBS}] or None"
+            set_(self, "logprobs", _integer("logprobs", self.logprobs, 0, expected))
+            _check(self.logprobs <= MAX_LOGPROBS, "logprobs", self.logprobs, expected)
         for name in ("presence_penalty", "frequency_penalty"):
             set_(
                 self, name, _number(name, getattr(self, name), lambda v: -2 <= v <= 2, "in [-2, 2]")

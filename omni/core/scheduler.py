@@ -246,6 +246,9 @@ class Scheduler:
             codes = runner_output.sampled_codes.get(entry.request_id)
             if codes is not None:
                 request.output_codes.append(codes)
+            logprobs = runner_output.sampled_logprobs.get(entry.request_id)
+            if logprobs is not None:
+                request.output_logprobs[request.num_output_tokens - 1] = logprobs
             if appended is not None:
                 appended.append(request)
             status = self.stop_status(request, token_id)

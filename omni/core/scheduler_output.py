@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omni.core.logprobs import TokenLogprobs
 from omni.core.request import MultiModalInput
 from omni.core.sampling_params import SamplingParams
 
@@ -62,3 +63,5 @@ class RunnerOutput:
     token stays the sequence's token (KV, stop checks, prefix keys); the codes travel with it:
     Request.output_codes, ScheduledRequest.fed_codes when it is fed, the result's
     tensors["codes"]. Empty for single-token stages."""
+    sampled_logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    """request_id -> its sampled token's logprobs, for requests with SamplingParams.logprobs."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from omni.core.logprobs import TokenLogprobs
 from omni.core.sampling_params import SamplingParams
 from omni.driver.incremental_text import IncrementalText
 from omni.messages import OmniOutput, PromptInput, StageResult, StageUpdate
@@ -60,6 +61,7 @@ class RequestState:
     # its streaming consumers' last piece needs them)
     codes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
     audio: dict[str, list[Any]] = field(default_factory=dict)  # stage -> waveform chunks so far
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # stage -> so far
     sample_rate: dict[str, int] = field(default_factory=dict)
     first_audio_s: float | None = None
 
@@ -77,6 +79,8 @@ class RequestState:
             self.first_token_s.setdefault(update.stage, self.last_progress - self.added)
         if update.new_codes:
             self.codes.setdefault(update.stage, []).extend(update.new_codes)
+        if update.new_logprobs:
+            self.logprobs.setdefault(update.stage, []).extend(update.new_logprobs)
         if update.rows is not None:
             self.rows.setdefault(update.stage, []).append((update.rows, update.num_rows))
         if update.audio is not None:
@@ -102,6 +106,7 @@ class RequestState:
             timings["started_s"] = self.started_s[stage]
         self.rows.pop(stage, None)
         self.audio.pop(stage, None)
+        self.logprobs.pop(stage, None)
         if full.audio is not None and full.sample_rate:
             # Streamed: when the first chunk came; whole-sequence vocoding: the first audio is
             # all of it. RTF: the request's time in the pipeline per second of audio.
@@ -171,6 +176,7 @@ class RequestState:
             audio=_joined(chunks) if chunks else None,
             sample_rate=self.sample_rate.get(stage),
             timings={} if self.first_audio_s is None else {"first_audio_s": self.first_audio_s},
+            logprobs=list(self.logprobs[stage]) if stage in self.logprobs else None,
         )
 
 

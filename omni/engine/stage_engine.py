@@ -82,13 +82,9 @@ class StageEngine:
         if outputs != ():
             keep = None if outputs is None else frozenset(outputs)
             self.output_cache = OutputCache(
-                self.num_blocks,
-                engine.block_size,
-                dtype,
-                keep,
-                device=memory.output_cache_device,
-                source_device=device,
-            )
+                self.num_blocks, engine.block_size, dtype, keep,
+                device=memory.output_cache_device, source_device=device,
+            )  # fmt: skip
             if keep is None or "hidden_states" in keep:
                 self.output_cache.allocate("hidden_states", (self.model.hidden_size,))
         self.rows = OutputRows(
@@ -246,6 +242,7 @@ class StageEngine:
                 t,
                 # a multi-code stage: the token's residual codes, appended with it
                 new_codes=[r.last_known_codes] if r.output_codes else [],
+                new_logprobs=r.last_known_logprobs if r.output_logprobs else [],
             )
             for r, t in zip(appended, step_rows, strict=True)
         ]
@@ -278,6 +275,7 @@ class StageEngine:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             tensors=tensors,
             timings={"latency_s": time.perf_counter() - arrival} if arrival else {},
+            logprobs=request.logprobs,
         )
 
     def stats(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omni.core.logprobs import MAX_LOGPROBS
 from omni.core.sampling_params import SamplingParams
 from omni.core.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
 from omni.runtime.attention import allocate_kv_caches
@@ -33,6 +34,7 @@ from omni.runtime.launched_step import FedIds, LaunchedStep
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.sampler import TOP_K_CAP, Sampler
 from omni.runtime.stage_model import StageModel
+from omni.runtime.token_logprobs import logprob_frames
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +81,9 @@ class ModelRunner:
             max_suffix = max_suffix_tokens(model, max_num_batched_tokens, max_model_len)
             scratch = num_scratch_blocks(max_graph_batch, max_suffix, block_size)
         self.kv_caches = allocate_kv_caches(
-            model.num_layers,
-            num_blocks + scratch,
-            block_size,
-            model.num_kv_heads,
-            model.head_dim,
-            model.dtype,
-            device=self.device,
-        )
+            model.num_layers, num_blocks + scratch, block_size, model.num_kv_heads,
+            model.head_dim, model.dtype, device=self.device,
+        )  # fmt: skip
         self.output_cache = output_cache
         self.sampler = Sampler(seed, device=self.device)
         self._requests: dict[str, _RequestState] = {}
@@ -94,22 +91,18 @@ class ModelRunner:
         # with a table; +1: the warm-up's and profile's dummy request).
         max_blocks = -(-max(max_model_len, max_num_batched_tokens) // block_size)
         self.block_tables = BlockTables(max_num_seqs + 1, max_blocks)
-        self._num_random = 0  # tracked requests that are not greedy (0: skip the per-row check)
-        self._num_adjusted = 0  # tracked requests with penalties or a logit bias
+        # Tracked requests that are not greedy (0: skip the per-row check), with penalties or a
+        # logit bias, asking for logprobs.
+        self._num_random = self._num_adjusted = self._num_logprobs = 0
         # Per-request stage inputs (upstream embeddings, pixel values, ...), kept until finished.
         self._extras: dict[str, Mapping[str, Any]] = {}
         self.decode_graphs: DecodeGraphs | None = None
         if padded_decode:
             self.decode_graphs = DecodeGraphs(
-                model,
-                self.kv_caches,
-                num_blocks=num_blocks,
-                block_size=block_size,
-                max_batch=max_graph_batch,
-                max_num_batched_tokens=max_num_batched_tokens,
-                max_model_len=max_model_len,
-                device=self.device,
-            )
+                model, self.kv_caches, num_blocks=num_blocks, block_size=block_size,
+                max_batch=max_graph_batch, max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=max_model_len, device=self.device,
+            )  # fmt: skip
         self.num_eager_steps = 0
 
     @property
@@ -134,15 +127,18 @@ class ModelRunner:
     def profile_forward(self, num_tokens: int, num_sample_rows: int) -> None:
         """The largest step the scheduler can make, for memory profiling: one sequence of
         num_tokens fed tokens, then the logits and sampling of num_sample_rows rows, all with
-        top-k and top-p (the costliest path: a full-vocabulary sort, softmax, cumsum, masks).
-        Needs ceil(num_tokens / block_size) KV blocks; nothing is cached or returned."""
+        top-k, top-p (the costliest path: a full-vocabulary sort, softmax, cumsum, masks) and
+        logprobs. Needs ceil(num_tokens / block_size) KV blocks; nothing is cached or returned."""
         batch = self._dummy_batch("__profile__", num_tokens)
         outputs = self.model.forward(batch.model_inputs)
         rows = max(1, min(num_sample_rows, num_tokens))
         logits = self.model.compute_logits(outputs.hidden_states[-rows:])
         # A top_k past TOP_K_CAP sorts the whole vocabulary: with top-p, the largest path.
-        costliest = SamplingParams(temperature=1.0, top_k=TOP_K_CAP + 1, top_p=0.9)
-        self.sampler(logits, [costliest] * rows, [0] * rows)
+        costliest = SamplingParams(
+            temperature=1.0, top_k=TOP_K_CAP + 1, top_p=0.9, logprobs=MAX_LOGPROBS
+        )
+        ids = self.sampler.sample(logits, [costliest] * rows, [0] * rows)
+        logprob_frames(logits, ids, [costliest] * rows)
 
     def _dummy_batch(self, request_id: str, num_tokens: int) -> PackedBatch:
         """A batch of one sequence of num_tokens zeros in blocks 0, 1, ... (no request kept)."""
@@ -240,7 +236,8 @@ class ModelRunner:
         adjusted = sample_ids if self._num_adjusted else None  # penalties: whose counts
         ids = self.sampler.sample(logits, params, counts, all_greedy=all_greedy, adjusted=adjusted)
         codes = self.model.sample_codes(hidden, ids, sample_ids, params, counts)
-        return LaunchedStep(sample_ids, ids, codes)
+        logprobs = logprob_frames(logits, ids, params) if self._num_logprobs else None
+        return LaunchedStep(sample_ids, ids, codes, logprobs)
 
     def _run_padded(
         self, scheduled: list[ScheduledRequest], tracked: _Tracked, fed: FedIds | None
@@ -275,6 +272,7 @@ class ModelRunner:
                 requests[entry.request_id] = state
                 self._num_random += not state.sampling_params.greedy
                 self._num_adjusted += state.sampling_params.adjusts_logits
+                self._num_logprobs += state.sampling_params.logprobs is not None
             elif entry.new_block_ids:
                 tables.append(state.row, entry.new_block_ids)
             rows.append(state.row)
@@ -288,6 +286,7 @@ class ModelRunner:
             self.block_tables.release(state.row)
             self._num_random -= not state.sampling_params.greedy
             self._num_adjusted -= state.sampling_params.adjusts_logits
+            self._num_logprobs -= state.sampling_params.logprobs is not None
 
     def _pack(self, scheduled: list[ScheduledRequest], tracked: _Tracked) -> PackedBatch:
         return pack_batch(

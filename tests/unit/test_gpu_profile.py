@@ -13,6 +13,7 @@ import torch
 from helpers import FakeGpu
 
 from omni.config import ConfigError, load_config
+from omni.core.logprobs import MAX_LOGPROBS
 from omni.core.sampling_params import SamplingParams
 from omni.engine.cache_sizing import gpu_num_blocks
 from omni.engine.gpu_profile import measure_footprint, profile_stage, split_profile
@@ -116,12 +117,12 @@ class _RecordingSampler(Sampler):
         super().__init__(0)
         self.params: list[SamplingParams] = []
 
-    def __call__(self, logits, params, num_output_tokens):
+    def sample(self, logits, params, num_output_tokens, **kwargs):
         self.params.extend(params)
-        return super().__call__(logits, params, num_output_tokens)
+        return super().sample(logits, params, num_output_tokens, **kwargs)
 
 
-def test_profile_forward_samples_top_k_and_top_p_rows():
+def test_profile_forward_samples_top_k_top_p_and_logprobs_rows():
     gpu = FakeGpu(allocated=0, total=1, free=1)
     model = _TinyModel(gpu, forward_bytes=0, extra_bytes=0)
     runner = ModelRunner(model, num_blocks=8, block_size=16, output_cache=None)
@@ -129,9 +130,10 @@ def test_profile_forward_samples_top_k_and_top_p_rows():
     runner.profile_forward(100, 32)
     assert model.logit_rows == [32] and len(runner.sampler.params) == 32
     # The costliest path: not greedy, both filters, a top_k that sorts the whole vocabulary
-    # (not topk's few columns).
+    # (not topk's few columns), the most logprobs.
     for params in runner.sampler.params:
         assert not params.greedy and params.top_k > TOP_K_CAP and params.top_p < 1
+        assert params.logprobs == MAX_LOGPROBS
 
 
 def test_a_trial_capture_of_cuda_graphs_counts_in_the_peak():
