@@ -25,6 +25,7 @@ from omni.core.sampling_params import SamplingParams
 from omni.driver import PipelineDriver
 from omni.engine.prompt_processor import PromptProcessor, load_tokenizer, text_decoder
 from omni.entrypoints.request_stream import RequestStream
+from omni.entrypoints.token_text import TokenText
 from omni.messages import OmniOutput, PromptInput
 from omni.registry import family_of, get_prompt_processor, produces_text
 
@@ -52,6 +53,7 @@ class AsyncOmni:
         self._tokenizer_lock = threading.Lock()
         self._tokenizers: dict[str, Any] = {root.name: self.prompt_processor.tokenizer}
         self._decoders: dict[str, Callable[[list[int]], str | None]] = {}
+        self._token_texts: dict[str, TokenText | None] = {}
         self._ids = itertools.count(1)
         self.driver: PipelineDriver | None = None
         self.driver = PipelineDriver(self.config, self._decode)
@@ -149,10 +151,9 @@ class AsyncOmni:
             return {s.name: s.sampling for s in stages}
         if isinstance(params, SamplingParams):
             return {s.name: params for s in stages}
-        expected = (
-            f"sampling_params must be one SamplingParams or a list of {len(stages)} "
-            f"(one per stage: {[s.name for s in stages]})"
-        )
+        names = [s.name for s in stages]
+        expected = f"sampling_params must be one SamplingParams or a list of {len(stages)} "
+        expected += f"(one per stage: {names})"
         # Only a list or tuple is taken apart: a str (or any other iterable) is one bad value.
         if not isinstance(params, list | tuple):
             raise ValueError(f"{expected}, got {_show(params)}")
@@ -239,18 +240,30 @@ class AsyncOmni:
             decode = self._decoders.get(stage)
             if decode is not None:
                 return decode
-            config = self.config.stage(stage)
-            if not produces_text(config.adapter):
-                decode = _no_text
-            else:
-                if stage not in self._tokenizers:  # the root's is the prompt processor's
-                    try:
-                        self._tokenizers[stage] = load_tokenizer(config.model)
-                    except (OSError, ValueError, KeyError):
-                        self._tokenizers[stage] = None  # e.g. a vocoder or codec stage
-                decode = text_decoder(self._tokenizers[stage])
+            text = produces_text(self.config.stage(stage).adapter)
+            decode = text_decoder(self._tokenizer(stage)) if text else _no_text
             self._decoders[stage] = decode
             return decode
+
+    def token_texts(self, stage: str, token_ids: list[int]) -> list[tuple[str, list[int]]]:
+        """Each token's (text, bytes) in the stage's vocabulary, as logprobs show them
+        (omni/entrypoints/token_text.py); ("", []) each for a stage without a tokenizer."""
+        with self._tokenizer_lock:
+            texts = self._token_texts.get(stage)
+            if texts is None:
+                tokenizer = self._tokenizer(stage)
+                texts = TokenText(tokenizer) if tokenizer is not None else None
+                self._token_texts[stage] = texts
+            return [texts(t) if texts else ("", []) for t in token_ids]
+
+    def _tokenizer(self, stage: str) -> Any:
+        """The stage's tokenizer (loaded once; None when it has none). Under _tokenizer_lock."""
+        if stage not in self._tokenizers:  # the root's is the prompt processor's
+            try:
+                self._tokenizers[stage] = load_tokenizer(self.config.stage(stage).model)
+            except (OSError, ValueError, KeyError):
+                self._tokenizers[stage] = None  # e.g. a vocoder or codec stage
+        return self._tokenizers[stage]
 
 
 def _no_text(token_ids: list[int]) -> None:

@@ -241,7 +241,15 @@ BAD = [
     ("top_k below -1", "omni", "chat", {**GOOD, "top_k": -2}, 400, "top_k"),
     ("penalty past 2", "omni", "chat", {**GOOD, "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("bias past 100", "omni", "chat", {**GOOD, "logit_bias": {"5": 101}}, 400, "logit_bias"),
-    ("logprobs", "omni", "chat", {**GOOD, "logprobs": True}, 400, "logprobs"),
+    ("top_logprobs alone", "omni", "chat", {**GOOD, "top_logprobs": 2}, 400, "top_logprobs"),
+    (
+        "top_logprobs past 20",
+        "omni",
+        "chat",
+        {**GOOD, "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+    ),
     (
         "tools",
         "lm",
@@ -273,6 +281,14 @@ BAD = [
         {"model": LM_NAME, "prompt": [1, -2]},
         400,
         "prompt",
+    ),
+    (
+        "completions: logprobs past 20",
+        "lm",
+        "completions",
+        {"model": LM_NAME, "prompt": "hi", "logprobs": 21},
+        400,
+        "logprobs",
     ),
     (
         "speech: bad format",

@@ -125,8 +125,8 @@ def test_audio_encoding_matches_write_wav(tmp_path):
 
 
 def test_openai_fields_at_their_defaults_are_served_others_named():
-    """Clients send some OpenAI fields at their defaults (logprobs false, a text response
-    format, no tools...): accepted, where anything else is a 400 naming the field (the
+    """Clients send some OpenAI fields at their defaults (a text response format, no
+    tools...): accepted, where anything else is a 400 naming the field (the
     bad-request table in tests/integration/server_support.py sends those through the server)."""
     from omni.entrypoints.openai.chat import _unsupported
 
@@ -138,7 +138,7 @@ def test_openai_fields_at_their_defaults_are_served_others_named():
     body = ChatCompletionRequest.model_validate({**base, **defaults})
     assert all(served for _, _, served in _unsupported(body))
     others = {
-        "logprobs": True, "top_logprobs": 3, "response_format": {"type": "json_object"},
+        "response_format": {"type": "json_object"},
         "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
         "store": True,
     }  # fmt: skip

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from omni.entrypoints.openai import audio_encoding, sampling, streaming
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request, from_exception
+from omni.entrypoints.openai.logprobs import LogprobCursor
 from omni.entrypoints.openai.prompts import chat_prompt
 from omni.entrypoints.openai.protocol import ChatCompletionRequest
 from omni.entrypoints.snapshot_cursor import SnapshotCursor, SnapshotNews
@@ -41,8 +42,6 @@ AUDIO_TTL_S = 3600
 def _unsupported(body: ChatCompletionRequest) -> list[tuple[str, object, bool]]:
     """(field, value, served): OpenAI fields omni serves at their defaults only."""
     return [
-        ("logprobs", body.logprobs, not body.logprobs),
-        ("top_logprobs", body.top_logprobs, not body.top_logprobs),
         ("response_format", body.response_format, body.response_format in (None, {"type": "text"})),
         ("tools", body.tools, not body.tools),
         ("tool_choice", body.tool_choice, body.tool_choice in (None, "none")),
@@ -57,6 +56,8 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
     for name, value, served in _unsupported(body):
         if not served:
             raise bad_request(f"{name}: {value!r} is not supported", name, "unsupported_value")
+    if body.top_logprobs and not body.logprobs:
+        raise bad_request("top_logprobs: needs logprobs set to true", "top_logprobs")
     text_stage = ctx.text_stage()
     modalities = body.modalities or ["text"]
     want_audio = "audio" in modalities
@@ -97,6 +98,7 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         seed=body.seed,
         stop=body.stop,
         stage_sampling=body.stage_sampling,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
     prompt = await asyncio.to_thread(
         chat_prompt, ctx.async_omni.prompt_processor, body.messages, ctx.args
@@ -152,6 +154,7 @@ class _Job:
         self.text_stage = text_stage
         self.want_audio = want_audio
         self.cursor = SnapshotCursor(text_stage, plan.stop_strings)
+        self.logprobs = LogprobCursor(ctx.async_omni, text_stage, chat=True)
         self.created = int(time.time())
         self.audio_id = new_id("audio")
 
@@ -180,20 +183,21 @@ class _Job:
                     "index": 0,
                     "message": message,
                     "finish_reason": streaming.finish_reason(out, self.text_stage),
-                    "logprobs": None,
+                    "logprobs": self.logprobs.new(out),
                 }
             ],
             "usage": streaming.usage(self.ctx.async_omni, out, self.text_stage),
         }
 
     def _chunk(
-        self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any
+        self,
+        delta: dict[str, Any] | None,
+        finish: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+        **extra: Any,
     ) -> bytes:
-        choices = (
-            []
-            if delta is None
-            else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
-        )
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        choices = [] if delta is None else [choice]
         return streaming.sse(
             {
                 "id": self.id,
@@ -217,7 +221,9 @@ class _Job:
                     news = self.cursor.advance(last)
                     if news.text:
                         timer.first_token()
-                        yield self._chunk(self._text_delta(news.text))
+                        yield self._chunk(
+                            self._text_delta(news.text), None, self.logprobs.new(last)
+                        )
                     audio = self._new_audio(last, news)
                     if audio is not None:
                         timer.first_audio()
@@ -231,6 +237,9 @@ class _Job:
                 yield streaming.DONE
                 return
             ok = True
+            rest = self.logprobs.new(out)  # tokens that added no text (e.g. part of a character)
+            if rest is not None and rest["content"]:
+                yield self._chunk(self._text_delta(""), None, rest)
             if audio_sent:
                 expires_at = int(time.time()) + AUDIO_TTL_S
                 yield self._chunk({"audio": {"id": self.audio_id, "expires_at": expires_at}})

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from omni.entrypoints.openai import sampling, streaming
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request, from_exception
+from omni.entrypoints.openai.logprobs import LogprobCursor
 from omni.entrypoints.openai.protocol import CompletionRequest
 from omni.entrypoints.snapshot_cursor import SnapshotCursor
 
@@ -49,7 +50,6 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         ("n", body.n, body.n in (None, 1)),
         ("echo", body.echo, not body.echo),
         ("suffix", body.suffix, body.suffix is None),
-        ("logprobs", body.logprobs, body.logprobs is None),
     ):
         if not ok:
             raise bad_request(f"{name}: {value!r} is not supported", name, "unsupported_value")
@@ -67,19 +67,23 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         seed=body.seed,
         stop=body.stop,
         stage_sampling=body.stage_sampling,
+        logprobs=body.logprobs,
     )
     request_id = new_id("cmpl")
     prepared = await streaming.prepare(ctx.async_omni, _prompt(body), request_id)
     sampling.check_context(ctx.async_omni, text_stage, prepared, body.max_tokens, "max_tokens")
     cursor = SnapshotCursor(text_stage, plan.stop_strings)
+    logprobs = LogprobCursor(ctx.async_omni, text_stage, chat=False)
     timer = ctx.metrics.timer(ENDPOINT)
     created = int(time.time())
     outputs = ctx.async_omni.run(
         prepared, plan.params, final_stage=text_stage, step_snapshots=bool(body.stream)
     )
 
-    def chunk(text: str, finish: str | None, **extra: Any) -> dict[str, Any]:
-        choices = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
+    def chunk(text: str, finish: str | None, out: Any = None, **extra: Any) -> dict[str, Any]:
+        """A choice of `text`, with the logprobs of the tokens new in `out` (when given)."""
+        new_logprobs = None if out is None else logprobs.new(out)
+        choices = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": new_logprobs}]
         return {
             "id": request_id,
             "object": "text_completion",
@@ -98,7 +102,7 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
                     delta = cursor.advance(last).text
                     if delta:
                         timer.first_token()
-                        yield streaming.sse(chunk(delta, None))
+                        yield streaming.sse(chunk(delta, None, last))
             try:
                 out = streaming.check(last)
             except Exception as e:  # noqa: BLE001 - reported in the stream, the status is sent
@@ -106,7 +110,8 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
                 yield streaming.DONE
                 return
             ok = True
-            yield streaming.sse(chunk("", streaming.finish_reason(out, text_stage)))
+            # With the finish: tokens that added no text (e.g. part of a character).
+            yield streaming.sse(chunk("", streaming.finish_reason(out, text_stage), out))
             if body.stream_options is not None and body.stream_options.include_usage:
                 usage = streaming.usage(ctx.async_omni, out, text_stage)
                 yield streaming.sse({**chunk("", None), "choices": [], "usage": usage})
@@ -121,6 +126,6 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         out = await streaming.until_disconnected(request, streaming.collect(outputs, timer))
     except streaming.ClientGone:
         return Response(status_code=499)
-    response = chunk(cursor.text(out), streaming.finish_reason(out, text_stage))
+    response = chunk(cursor.text(out), streaming.finish_reason(out, text_stage), out)
     response["usage"] = streaming.usage(ctx.async_omni, out, text_stage)
     return JSONResponse(response)

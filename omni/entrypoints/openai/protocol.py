@@ -62,10 +62,10 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOutput | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     # OpenAI fields omni serves only at their defaults (clients send them so): anything else is
     # a 400 naming the field (chat.py, `_unsupported`), not "extra inputs are not permitted".
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -78,7 +78,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = False
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 class SpeechRequest(_Strict):

@@ -3,7 +3,8 @@
 Every stage starts from its config default (`stage.sampling`). `stage_sampling` (omni extension,
 `{stage name: {SamplingParams field: value}}`) replaces fields of any stage. Then the OpenAI
 fields (`max_tokens`/`max_completion_tokens`, `temperature`, `top_p`, `presence_penalty`,
-`frequency_penalty`, `logit_bias`, `seed`, `stop`, and `top_k` as vLLM takes it) apply to the last
+`frequency_penalty`, `logit_bias`, `seed`, `stop`, `top_k` as vLLM takes it, and the number of
+logprobs asked for: chat's `top_logprobs` with `logprobs`, completions' `logprobs`) apply to the last
 text stage (the thinker of Qwen2.5-Omni). Fields left out keep the config's value (so
 `temperature` defaults to the config's, which is greedy in the shipped configs, not OpenAI's 1).
 
@@ -50,6 +51,7 @@ def plan(
     stop: str | list[str] | None = None,
     stage_sampling: dict[str, dict[str, Any]] | None = None,
     min_text_tokens: int | None = None,
+    logprobs: int | None = None,
 ) -> Plan:
     params = {s.name: s.sampling for s in async_omni.config.stages}
     for name, fields in (stage_sampling or {}).items():
@@ -71,6 +73,7 @@ def plan(
             ("frequency_penalty", frequency_penalty),
             ("logit_bias", logit_bias),
             ("seed", seed),
+            ("logprobs", logprobs),
         )
         if v is not None
     }

@@ -1,0 +1,111 @@
+"""Logprobs over HTTP with the official `openai` client: chat's `logprobs` / `top_logprobs` and
+completions' `logprobs`, whole and streamed, against the Python API's TokenLogprobs for the same
+prompt in this process (whose values tests/integration/test_logprobs.py checks against
+transformers). A real `omni serve` of the tiny Qwen2 on the CPU."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import torch
+from helpers import cli_sets, on_cpu
+
+from omni import Omni
+from omni.core.sampling_params import SamplingParams
+from omni.entrypoints.openai.prompts import chat_prompt
+from tools.make_tiny_checkpoint import ensure_checkpoint
+from tools.serve_process import ServeProcess
+
+pytestmark = pytest.mark.slow
+NAME, MAX_TOKENS, TOP = "tiny-lm", 8, 3
+EXTRA = {"stage_sampling": {"llm": {"ignore_eos": True}}}
+MESSAGES = [{"role": "user", "content": "Tell me about foxes."}]
+
+
+@pytest.fixture(scope="module")
+def lm_dir():
+    return str(ensure_checkpoint("qwen2", "tiny", 0))
+
+
+@pytest.fixture(scope="module")
+def client(lm_dir):
+    args = ["--model", lm_dir, "--served-model-name", NAME, "--set", "runtime.backend=local"]
+    server = ServeProcess(args + cli_sets(on_cpu("llm"))).start()
+    try:
+        server.wait_ready()
+        yield openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(lm_dir):
+    """The Python API's results (token ids, logprobs, token texts) for both prompts."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP)
+    with Omni(model=lm_dir, runtime={"backend": "local"}, **on_cpu("llm")) as lm:
+        tokenizer = lm.async_omni.prompt_processor.tokenizer
+        prompts = {"completion": "The quick brown fox", "chat": chat_prompt(tokenizer, MESSAGES)}
+        out = {}
+        for kind, prompt in prompts.items():
+            (result,) = lm.generate([prompt], params, use_tqdm=False)
+            final = result.final
+            ids = final.token_ids + [t for e in final.logprobs for t, _ in e.top]
+            texts = dict(zip(ids, lm.async_omni.token_texts("llm", ids), strict=True))
+            out[kind] = (final, texts)
+    torch.set_num_threads(threads)
+    return out
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) < 1e-5  # two processes, the same float32 CPU arithmetic
+
+
+def test_completions_logprobs_equal_the_python_api(client, reference):
+    final, texts = reference["completion"]
+    kwargs = dict(model=NAME, prompt="The quick brown fox", max_tokens=MAX_TOKENS, temperature=0)
+    whole = client.completions.create(**kwargs, logprobs=TOP, extra_body=EXTRA).choices[0]
+    logprobs = whole.logprobs
+    assert logprobs.tokens == [texts[t][0] for t in final.token_ids]
+    assert all(map(close, logprobs.token_logprobs, [e.logprob for e in final.logprobs]))
+    for top, entry in zip(logprobs.top_logprobs, final.logprobs, strict=True):
+        expected = {texts[t][0]: v for t, v in entry.top}
+        assert top.keys() == expected.keys() and all(close(top[k], expected[k]) for k in top)
+    lengths = [len(t) for t in logprobs.tokens]
+    assert logprobs.text_offset == [sum(lengths[:i]) for i in range(len(lengths))]
+    streamed = client.completions.create(**kwargs, logprobs=TOP, extra_body=EXTRA, stream=True)
+    tokens, values = [], []
+    for chunk in streamed:
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            tokens += chunk.choices[0].logprobs.tokens
+            values += chunk.choices[0].logprobs.token_logprobs
+    assert tokens == logprobs.tokens and values == logprobs.token_logprobs
+    plain = client.completions.create(**kwargs, extra_body=EXTRA).choices[0]
+    assert plain.logprobs is None and plain.text == whole.text
+
+
+def test_chat_logprobs_equal_the_python_api(client, reference):
+    final, texts = reference["chat"]
+    kwargs = dict(model=NAME, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0)
+    asked = dict(logprobs=True, top_logprobs=TOP, extra_body=EXTRA)
+    whole = client.chat.completions.create(**kwargs, **asked).choices[0]
+    content = whole.logprobs.content
+    assert [c.token for c in content] == [texts[t][0] for t in final.token_ids]
+    assert [c.bytes for c in content] == [texts[t][1] for t in final.token_ids]
+    for item, entry in zip(content, final.logprobs, strict=True):
+        assert close(item.logprob, entry.logprob)
+        assert [t.token for t in item.top_logprobs] == [texts[t][0] for t, _ in entry.top]
+        values = [v for _, v in entry.top]
+        assert all(map(close, [t.logprob for t in item.top_logprobs], values))
+    streamed = client.chat.completions.create(**kwargs, **asked, stream=True)
+    pieces = []
+    for chunk in streamed:
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            pieces += chunk.choices[0].logprobs.content
+    assert [(p.token, p.logprob) for p in pieces] == [(c.token, c.logprob) for c in content]
+    plain = client.chat.completions.create(**kwargs, extra_body=EXTRA).choices[0]
+    assert plain.logprobs is None and plain.message.content == whole.message.content
+    zero = client.chat.completions.create(**kwargs, logprobs=True, extra_body=EXTRA).choices[0]
+    assert [c.token for c in zero.logprobs.content] == [c.token for c in content]
+    assert all(c.top_logprobs == [] for c in zero.logprobs.content)
