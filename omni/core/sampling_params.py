@@ -41,6 +41,10 @@ class SamplingParams:
     non-negative integers."""
     ignore_eos: bool = False
     """Keep generating after the model's EOS token."""
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    """Stop strings (a string or a list of non-empty ones): generation stops once the text
+    contains one, and the text returned ends before it. Matched on the decoded text by the
+    driver, so only the request's final stage, when its tokens are text, may set them."""
     presence_penalty: float = 0.0
     """In [-2, 2], as OpenAI's: subtracted from the logit of every token already generated."""
     frequency_penalty: float = 0.0
@@ -62,6 +66,7 @@ class SamplingParams:
         if self.seed is not None:
             set_(self, "seed", _integer("seed", self.seed, None, "an integer or None"))
         set_(self, "stop_token_ids", _token_ids(self.stop_token_ids))
+        set_(self, "stop", _stop_strings(self.stop))
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "True or False")
         set_(self, "logit_bias", _logit_bias(self.logit_bias))
         if self.logprobs is not None:
@@ -125,6 +130,13 @@ def _token_ids(value: object) -> tuple[int, ...]:
                 f"item {index} is {_show(token_id)}"
             ) from None
     return tuple(ids)
+
+
+def _stop_strings(value: object) -> tuple[str, ...]:
+    strings = (value,) if isinstance(value, str) else value
+    ok = isinstance(strings, list | tuple) and all(isinstance(s, str) and s for s in strings)
+    _check(ok, "stop", value, "a non-empty string or a list of them")
+    return tuple(cast(Iterable[str], strings))
 
 
 def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:

@@ -18,6 +18,7 @@ import torch
 from omni.core.logprobs import TokenLogprobs
 from omni.core.sampling_params import SamplingParams
 from omni.driver.incremental_text import IncrementalText
+from omni.driver.stop_strings import StopStrings, stopped_tokens
 from omni.messages import OmniOutput, PromptInput, StageResult, StageUpdate
 
 Sink = Callable[[OmniOutput], None]
@@ -64,6 +65,8 @@ class RequestState:
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # stage -> so far
     sample_rate: dict[str, int] = field(default_factory=dict)
     first_audio_s: float | None = None
+    stop: StopStrings | None = None
+    """The final stage's stop strings (stop_strings.py), matched on its text after each step."""
 
     def start(self, stage: str) -> None:
         """The request was routed to `stage` (whole or streaming): in flight there now."""
@@ -121,6 +124,24 @@ class RequestState:
         self.results[stage] = result
         return result
 
+    def stop_result(self, prompt_token_ids: list[int], decode: Decode) -> StageResult | None:
+        """The final stage's result cut at the first stop string its text now holds (the tokens
+        through the one that completed it, the text before it), or None."""
+        stage, tokens = self.final, self.tokens.get(self.final)
+        if self.stop is None or not tokens:
+            return None
+        text = self._text(stage, decode)
+        found = None if text is None else self.stop.find(text)
+        if text is None or found is None:
+            return None
+        num_tokens = stopped_tokens(tokens, found[1], lambda ids: decode(stage, ids))
+        logprobs = self.logprobs.get(stage)
+        return StageResult(
+            self.prompt.request_id, stage, prompt_token_ids, tokens[:num_tokens], "stopped",
+            num_cached_tokens=self.num_cached.get(stage, 0), text=text[: found[0]],
+            logprobs=None if logprobs is None else logprobs[:num_tokens],
+        )  # fmt: skip
+
     def record_failure(self, stage: str, error: str, finish_reason: str) -> StageResult:
         """The result that ends the request; which stages still run it is the router's call."""
         result = StageResult(self.user_id, stage, [], [], finish_reason=finish_reason, error=error)
@@ -158,12 +179,18 @@ class RequestState:
         small = {k: v for k, v in extras if _nbytes(v) <= ROUTED_EXTRA_MAX_BYTES}
         return dataclasses.replace(self.prompt, original=None, extras=small)
 
-    def _partial(self, stage: str, decode: Decode) -> StageResult:
-        tokens = self.tokens[stage]
+    def _text(self, stage: str, decode: Decode) -> str | None:
+        """The stage's text so far (decoded incrementally)."""
         texts = self.texts.get(stage)
         if texts is None:
             texts = self.texts[stage] = IncrementalText()
-        text = texts.update(tokens, lambda token_ids: decode(stage, token_ids))
+        return texts.update(self.tokens[stage], lambda token_ids: decode(stage, token_ids))
+
+    def _partial(self, stage: str, decode: Decode) -> StageResult:
+        tokens = self.tokens[stage]
+        text = self._text(stage, decode)
+        if text is not None and self.stop is not None and stage == self.final:
+            text = self.stop.held_back(text)  # never part of a stop string
         chunks = self.audio.get(stage)
         return StageResult(
             self.user_id,

@@ -33,6 +33,7 @@ from omni.backends.backend import StageBackend
 from omni.config import OmniConfig
 from omni.core.sampling_params import SamplingParams
 from omni.driver.request_state import Decode, RequestState, Sink
+from omni.driver.stop_strings import stop_strings_for
 from omni.driver.stream_edges import Routed, StreamEdges
 from omni.messages import (
     Finished,
@@ -81,8 +82,8 @@ class Router:
         without speech: the stages after it never see it). stream_audio (AsyncOmni.generate's):
         its streaming edges start their consumers before the upstream has finished
         (stream_edges.py); step_snapshots (AsyncOmni.run's): a snapshot after every step. A
-        ValueError if its id is live or final_stage is unknown, a RuntimeError if a stage it
-        needs is dead."""
+        ValueError if its id is live, final_stage is unknown or a stage sets stop strings it
+        may not (stop_strings.py), a RuntimeError if a stage it needs is dead."""
         user_id = prompt.request_id
         if user_id in self._live:
             raise ValueError(f"request_id {user_id!r} is already running")
@@ -90,6 +91,7 @@ class Router:
         if final not in self.order:
             raise ValueError(f"final_stage {final!r} is not a stage; stages: {self.order}")
         needed = self._needed(final)
+        stop = stop_strings_for(self.config, params, final, needed)
         dead = [why for stage, why in self.backend.dead_stages().items() if stage in needed]
         if dead:
             raise RuntimeError("; ".join(dead))
@@ -101,14 +103,9 @@ class Router:
             self._recent.popitem(last=False)
         prompt = dataclasses.replace(prompt, request_id=request_id)
         tracked = RequestState(
-            prompt,
-            user_id,
-            params,
-            sink,
-            final,
-            step_snapshots=step_snapshots,
-            stream_audio=stream_audio,
-        )
+            prompt, user_id, params, sink, final, step_snapshots=step_snapshots,
+            stream_audio=stream_audio, stop=stop,
+        )  # fmt: skip
         self.requests[request_id] = tracked
         self._live[user_id] = request_id
         for root in self.config.root_stages:
@@ -206,6 +203,15 @@ class Router:
         if tracked is None or update.stage not in tracked.inflight:
             return False  # stale
         tracked.record_update(update)
+        if tracked.stop is not None and update.stage == tracked.final:
+            stage = self.config.stage(update.stage)
+            prompt_ids = [] if stage.inputs else list(tracked.prompt.prompt_token_ids)
+            stopped = tracked.stop_result(prompt_ids, self.decode)
+            if stopped is not None:  # its result is the driver's: the stage runs it no more
+                self.backend.abort(update.stage, [update.request_id])
+                tracked.record_finished(stopped, None, self.decode)
+                self._complete(update.request_id, None)
+                return False
         if tracked.stream_audio:
             self.streams.on_update(tracked, update, self._needed(tracked.final), routed)
         return True

@@ -99,6 +99,7 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         stop=body.stop,
         stage_sampling=body.stage_sampling,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        text_final=not want_audio,
     )
     prompt = await asyncio.to_thread(
         chat_prompt, ctx.async_omni.prompt_processor, body.messages, ctx.args

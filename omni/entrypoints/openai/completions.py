@@ -68,6 +68,7 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         stop=body.stop,
         stage_sampling=body.stage_sampling,
         logprobs=body.logprobs,
+        text_final=True,
     )
     request_id = new_id("cmpl")
     prepared = await streaming.prepare(ctx.async_omni, _prompt(body), request_id)

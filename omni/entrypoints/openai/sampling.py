@@ -12,9 +12,11 @@ text stage (the thinker of Qwen2.5-Omni). Fields left out keep the config's valu
 takes the request's prompt, as the thinker does): a 400 naming it, the prompt length and the
 limit otherwise, as OpenAI and vLLM answer (`check_context`). The Python API caps instead.
 
-`stop`: omni stops on token ids, not strings, so each stop string must be exactly one token of
-the text stage's tokenizer (a 400 naming `stop` otherwise). A stop string is not part of the
-returned text, as with OpenAI.
+`stop` (up to 4 strings): where the request ends at the text stage (`text_final`: no audio),
+they are matched on its text, as OpenAI matches them (SamplingParams.stop, omni/driver/
+stop_strings.py). With audio the text stage is not the request's last, so each stop string must
+be exactly one token of its tokenizer, and stops it by token id (a 400 naming `stop` otherwise).
+Either way the stop string is not part of the returned text.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def plan(
     stage_sampling: dict[str, dict[str, Any]] | None = None,
     min_text_tokens: int | None = None,
     logprobs: int | None = None,
+    text_final: bool = False,
 ) -> Plan:
     params = {s.name: s.sampling for s in async_omni.config.stages}
     for name, fields in (stage_sampling or {}).items():
@@ -61,7 +64,8 @@ def plan(
                 f"stage_sampling.{name}",
             )
         params[name] = _replace(params[name], fields, f"stage_sampling.{name}")
-    stop_strings = _stop_tokens(async_omni, stop)
+    strings = _stop_strings(stop)
+    stop_strings = {} if text_final else _stop_tokens(async_omni, strings)
     text: dict[str, Any] = {
         k: v
         for k, v in (
@@ -77,6 +81,8 @@ def plan(
         )
         if v is not None
     }
+    if text_final and strings:
+        text["stop"] = tuple(strings)
     if stop_strings:
         merged = dict.fromkeys(params[text_stage].stop_token_ids) | dict.fromkeys(stop_strings)
         text["stop_token_ids"] = tuple(merged)
@@ -128,21 +134,24 @@ def _replace(base: SamplingParams, fields: Any, where: str | None) -> SamplingPa
         raise bad_request(f"{param}: {e}" if param else str(e), param) from None
 
 
-def _stop_tokens(async_omni: Any, stop: str | list[str] | None) -> dict[int, str]:
-    if stop is None:
-        return {}
-    strings = [stop] if isinstance(stop, str) else list(stop)
+def _stop_strings(stop: str | list[str] | None) -> list[str]:
+    strings = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
     if len(strings) > 4:
         raise bad_request(f"stop: at most 4 sequences, got {len(strings)}", "stop")
+    if not all(strings):
+        raise bad_request("stop: an empty stop sequence", "stop")
+    return strings
+
+
+def _stop_tokens(async_omni: Any, strings: list[str]) -> dict[int, str]:
     out: dict[int, str] = {}
     for s in strings:
-        if not s:
-            raise bad_request("stop: an empty stop sequence", "stop")
         ids = async_omni.tokenize(s)
         if len(ids) != 1:
             raise bad_request(
-                f"stop: {s!r} is {len(ids)} tokens; omni stops on single tokens, so each stop "
-                "sequence must be exactly one token of the model's tokenizer",
+                f"stop: {s!r} is {len(ids)} tokens; with audio, omni stops the text stage on "
+                "single tokens, so each stop sequence must be exactly one token of the model's "
+                "tokenizer (without audio, any stop string is served)",
                 "stop",
                 "unsupported_value",
             )

@@ -1,7 +1,8 @@
-"""Logprobs over HTTP with the official `openai` client: chat's `logprobs` / `top_logprobs` and
-completions' `logprobs`, whole and streamed, against the Python API's TokenLogprobs for the same
-prompt in this process (whose values tests/integration/test_logprobs.py checks against
-transformers). A real `omni serve` of the tiny Qwen2 on the CPU."""
+"""Text options over HTTP with the official `openai` client, against the Python API in this
+process for the same prompt: logprobs (chat's `logprobs` / `top_logprobs`, completions'
+`logprobs`; their values are checked against transformers in tests/integration/test_logprobs.py)
+and stop strings of any length, whole and streamed. A real `omni serve` of the tiny Qwen2 on the
+CPU."""
 
 from __future__ import annotations
 
@@ -109,3 +110,31 @@ def test_chat_logprobs_equal_the_python_api(client, reference):
     zero = client.chat.completions.create(**kwargs, logprobs=True, extra_body=EXTRA).choices[0]
     assert [c.token for c in zero.logprobs.content] == [c.token for c in content]
     assert all(c.top_logprobs == [] for c in zero.logprobs.content)
+
+
+def test_stop_strings_of_several_tokens_cut_the_text(client, reference):
+    final, texts = reference["completion"]
+    pieces = [texts[t][0] for t in final.token_ids]
+    start = len("".join(pieces[:3])) + 1  # inside token 4, ending inside token 6
+    end = len("".join(pieces[:5])) + 1
+    full = "".join(pieces)
+    stop = full[start:end]
+    assert full.find(stop) == start and len(stop) > 2
+    kwargs = dict(model=NAME, prompt="The quick brown fox", max_tokens=MAX_TOKENS, temperature=0)
+    cut = client.completions.create(**kwargs, stop=[stop], logprobs=0, extra_body=EXTRA)
+    choice = cut.choices[0]
+    assert choice.text == full[:start] and choice.finish_reason == "stop"
+    assert cut.usage.completion_tokens == 6  # through the token that completed the string
+    assert choice.logprobs.tokens == pieces[:5]  # the one that completed it is not listed
+    streamed = client.completions.create(**kwargs, stop=stop, extra_body=EXTRA, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == full[:start]
+    chat_final, chat_texts = reference["chat"]
+    chat_full = "".join(chat_texts[t][0] for t in chat_final.token_ids)
+    chat_stop = chat_full[4:9]
+    expected = chat_full[: chat_full.find(chat_stop)]
+    chat = dict(model=NAME, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0, stop=chat_stop)
+    assert client.chat.completions.create(**chat, extra_body=EXTRA).choices[0].message.content == (
+        expected
+    )
+    chunks = client.chat.completions.create(**chat, extra_body=EXTRA, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
