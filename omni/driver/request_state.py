@@ -65,6 +65,7 @@ class RequestState:
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # stage -> so far
     sample_rate: dict[str, int] = field(default_factory=dict)
     first_audio_s: float | None = None
+    _decoded: dict[str, tuple[int, str | None]] = field(default_factory=dict)  # _text's memo
     stop: StopStrings | None = None
     """The final stage's stop strings (stop_strings.py), matched on its text after each step."""
 
@@ -180,11 +181,18 @@ class RequestState:
         return dataclasses.replace(self.prompt, original=None, extras=small)
 
     def _text(self, stage: str, decode: Decode) -> str | None:
-        """The stage's text so far (decoded incrementally)."""
+        """The stage's text so far (decoded incrementally, once per new token count: a stop
+        check and a snapshot after the same step share it)."""
         texts = self.texts.get(stage)
         if texts is None:
             texts = self.texts[stage] = IncrementalText()
-        return texts.update(self.tokens[stage], lambda token_ids: decode(stage, token_ids))
+        tokens = self.tokens[stage]
+        known = self._decoded.get(stage)
+        if known is not None and known[0] == len(tokens):
+            return known[1]
+        text = texts.update(tokens, lambda token_ids: decode(stage, token_ids))
+        self._decoded[stage] = (len(tokens), text)
+        return text
 
     def _partial(self, stage: str, decode: Decode) -> StageResult:
         tokens = self.tokens[stage]
