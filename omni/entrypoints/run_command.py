@@ -215,6 +215,12 @@ def as_json(
                 "num_prompt_tokens": r.num_prompt_tokens,
                 "num_cached_tokens": r.num_cached_tokens,
                 **{k: round(v, 6) for k, v in r.timings.items()},
+                # sampling.logprobs set: [logprob, [[token id, logprob], ...]] per token
+                **(
+                    {"logprobs": [[e.logprob, list(e.top)] for e in r.logprobs]}
+                    if r.logprobs
+                    else {}
+                ),
             }
             for name, r in output.stages.items()
         },
