@@ -20,8 +20,11 @@ the time between StageEngine.step calls, over the steps where all B decode), the
 share it implies (device ms / period), and each thread's CPU time per step. Nothing is
 asserted; on a shared 2-core machine the figures are indicative.
 
+--snapshots final runs the requests without per-step snapshots (no streaming client: the driver
+builds and detokenizes none), to see what streaming costs the stage thread.
+
     python bench/host_overlap.py [--batch 16,64] [--device-ms 1.1] [--tokens 200]
-        [--modes sync,ahead] [--switch-interval default,0.0005]
+        [--modes sync,ahead] [--switch-interval default,0.0005] [--snapshots step|final]
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ def install(engine: Any, device_s: float) -> tuple[StandIn, list[float]]:
     return stand_in, starts
 
 
+SNAPSHOTS = [True]  # a snapshot per step (a streaming client), else only the final one
 FLUSHES = [0]  # Outbox flushes: the caller's event loop woken for a batch of snapshots
 
 
@@ -122,7 +126,9 @@ async def level(omni: AsyncOmni, engine: Any, walls: list[float], batch: int, to
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(128 + i % 16)] for i in range(batch)]
 
     async def one(ids: list[int]) -> None:
-        async for _ in omni.generate(ids, params):
+        request = omni.prepare(ids)
+        run = omni.run(request, omni.stage_params(params), step_snapshots=SNAPSHOTS[0])
+        async for _ in run:
             pass
 
     await asyncio.gather(*(one(p) for p in prompts[: min(batch, 4)]))  # warm-up
@@ -175,7 +181,12 @@ def main() -> None:
     parser.add_argument("--switch-interval", default="default")
     parser.add_argument("--modes", default="sync,ahead", help="engine.async_scheduling off/on")
     parser.add_argument("--model", help="a causal LM checkpoint (default: the tiny qwen2)")
+    parser.add_argument(
+        "--snapshots", default="step", choices=["step", "final"],
+        help="step: every request streams (a snapshot per step, detokenized); final: results only",
+    )  # fmt: skip
     args = parser.parse_args()
+    SNAPSHOTS[0] = args.snapshots == "step"
     args.batch = [int(b) for b in args.batch.split(",")]
     args.model = args.model or str(ensure_checkpoint("qwen2", "tiny"))
     count_flushes()
