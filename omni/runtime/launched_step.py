@@ -38,9 +38,9 @@ class LaunchedStep:
     codes: torch.Tensor | None = None
     """[rows, codes] a multi-code step's residual codes, read in the same copy."""
     logprobs: LogprobFrames | None = None
-    """The rows that asked for logprobs: logprob_frames' (frames, rows, counts), read with the ids."""
+    """The rows that asked for logprobs: logprob_frames' (frames, rows, counts). The ids (and
+    codes) then go over as float64 (exact) beside the frames, in the same copy and read."""
     _host: torch.Tensor | None = field(default=None, repr=False)
-    _host_logprobs: torch.Tensor | None = field(default=None, repr=False)
     _copied: Any = field(default=None, repr=False)  # CUDA event after the copy to _host
 
     def __post_init__(self) -> None:
@@ -49,15 +49,14 @@ class LaunchedStep:
         frames = self.ids.unsqueeze(1)
         if self.codes is not None:
             frames = torch.cat([frames, self.codes], dim=1)
-        on_device = [frames] if self.logprobs is None else [frames, self.logprobs[0]]
+        if self.logprobs is not None:
+            frames = torch.cat([frames.double().flatten(), self.logprobs[0].flatten()])
         if frames.device.type != "cuda":
-            self._host, self._host_logprobs = (on_device + [None])[:2]
+            self._host = frames
             return
-        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in on_device]
-        for pinned, tensor in zip(host, on_device, strict=True):
-            pinned.copy_(tensor, non_blocking=True)
-        self._host, self._host_logprobs = (host + [None])[:2]
-        self._copied = torch.cuda.Event()  # after both copies
+        self._host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
+        self._host.copy_(frames, non_blocking=True)
+        self._copied = torch.cuda.Event()
         self._copied.record()
 
     def result(self) -> RunnerOutput:
@@ -65,12 +64,14 @@ class LaunchedStep:
             return RunnerOutput(sampled_token_ids={})
         if self._copied is not None:
             self._copied.synchronize()
-        frames = self._host.tolist()  # the step's ids (and codes) on the host
+        frames = self._host.tolist()  # the step's ids (and codes, logprobs) on the host
         request_ids = self.request_ids
         sampled_logprobs = {}
-        if self.logprobs is not None and self._host_logprobs is not None:
+        if self.logprobs is not None:
             _, rows, counts = self.logprobs
-            read = read_logprobs(self._host_logprobs.tolist(), counts)
+            width = 1 if self.codes is None else 1 + self.codes.shape[1]
+            frames, logprob_rows = _unpacked(frames, len(request_ids), width, len(rows))
+            read = read_logprobs(logprob_rows, counts)
             sampled_logprobs = {request_ids[j]: entry for j, entry in zip(rows, read, strict=True)}
         if self.codes is None:
             token_ids = [f[0] for f in frames]
@@ -83,3 +84,14 @@ class LaunchedStep:
             sampled_codes={r: tuple(f[1:]) for r, f in zip(request_ids, frames, strict=True)},
             sampled_logprobs=sampled_logprobs,
         )
+
+
+def _unpacked(
+    flat: list[float], num_rows: int, width: int, num_logprob_rows: int
+) -> tuple[list[list[int]], list[list[float]]]:
+    """A step's packed read: num_rows frames of width ids (float64, exact), then the logprob
+    frames (logprob_frames' rows, all of one width)."""
+    ids = [[int(v) for v in flat[i : i + width]] for i in range(0, num_rows * width, width)]
+    rest = flat[num_rows * width :]
+    step = len(rest) // num_logprob_rows
+    return ids, [rest[i : i + step] for i in range(0, len(rest), step)]

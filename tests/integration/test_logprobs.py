@@ -41,18 +41,18 @@ def oracle(qwen2_dir):
     return logprobs
 
 
-def check(result, prompt, params, oracle) -> None:
+def check(result, prompt, params, oracle, tolerance: float = TOLERANCE) -> None:
     if params.logprobs is None:
         assert result.logprobs is None
         return
     assert len(result.logprobs) == len(result.token_ids) == MAX_NEW
     expected = oracle(prompt, result.token_ids)
     for i, (token, entry) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
-        assert abs(entry.logprob - expected[i, token].item()) < TOLERANCE, (i, token)
+        assert abs(entry.logprob - expected[i, token].item()) < tolerance, (i, token)
         values, ids = expected[i].topk(params.logprobs)
         assert [t for t, _ in entry.top] == ids.tolist(), i
         top_values = [v for _, v in entry.top]
-        assert all(abs(v - e) < TOLERANCE for v, e in zip(top_values, values.tolist(), strict=True))
+        assert all(abs(v - e) < tolerance for v, e in zip(top_values, values.tolist(), strict=True))
         if params.greedy:  # the sampled token is the most likely one
             assert entry.top[:1] in ((), ((token, entry.logprob),))
 
