@@ -96,7 +96,8 @@ class Sampler:
         (omni/runtime/output_penalties.py) or a logit bias: both apply before any row chooses,
         greedy rows included."""
         if adjusted is not None:
-            logits = _biased(self.penalties.apply(logits, adjusted, params), params)
+            penalized = self.penalties.apply(logits, adjusted, params)
+            logits = _biased(penalized, params, copied=penalized is not logits)
         token_ids = self._choose(logits, params, num_output_tokens, all_greedy)
         if adjusted is not None:
             self.penalties.record(adjusted, params, token_ids)
@@ -180,8 +181,9 @@ class Sampler:
         return upload(host, logits.device)
 
 
-def _biased(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """The logits with each row's logit_bias added (float32 when any row has one; a copy)."""
+def _biased(logits: torch.Tensor, params: list[SamplingParams], copied: bool) -> torch.Tensor:
+    """The logits with each row's logit_bias added (float32 when any row has one); in place
+    when `copied` (the penalties' float32 copy), else in a copy."""
     entries = [(j, t, b) for j, p in enumerate(params) for t, b in p.logit_bias]
     if not entries:
         return logits
@@ -189,7 +191,8 @@ def _biased(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     host: list[np.ndarray] = [np.asarray(rows, np.int64), np.asarray(tokens, np.int64),
                               np.asarray(biases, np.float32)]  # fmt: skip
     row_index, token_index, bias = upload(host, logits.device)
-    out = logits.to(torch.float32, copy=True)  # the logits may be a graph's static output
+    # Not in place on the model's logits: they may be a graph's static output.
+    out = logits if copied else logits.to(torch.float32, copy=True)
     return out.index_put_((row_index, token_index), bias, accumulate=True)
 
 
