@@ -86,7 +86,7 @@ def write_cost(model_dir: str) -> None:
             engine.add_request(StageInput(f"{label}{i}", p, SamplingParams(max_tokens=1)))
         scheduler_output = engine.scheduler.schedule()
         batch = engine.runner._pack(
-            scheduler_output.scheduled, engine.runner._track(scheduler_output.scheduled)
+            scheduler_output.scheduled, engine.runner.requests.track(scheduler_output.scheduled)
         )
         with torch.inference_mode():
             forward_s = best_of(lambda b=batch: engine.model.forward(b.model_inputs), 3)

@@ -149,6 +149,9 @@ class StageResult:
     timings: Mapping[str, float] = field(default_factory=dict)
     logprobs: list[TokenLogprobs] | None = None
     """One per generated token (so far) when SamplingParams.logprobs asked; None otherwise."""
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    """One per prompt token (None for the first) when SamplingParams.prompt_logprobs asked;
+    in the finished result only."""
 
     @property
     def num_prompt_tokens(self) -> int:

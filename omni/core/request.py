@@ -71,6 +71,8 @@ class Request:
         self.output_codes: list[tuple[int, ...]] = []
         # SamplingParams.logprobs: output token index -> its logprobs (RunnerOutput.sampled_logprobs).
         self.output_logprobs: dict[int, TokenLogprobs] = {}
+        # SamplingParams.prompt_logprobs: prompt position (>= 1) -> its token's logprobs.
+        self.prompt_logprobs: dict[int, TokenLogprobs] = {}
         self._all_token_ids = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
         # Trailing output tokens that are placeholders for ids still on the device (a step in
@@ -132,6 +134,14 @@ class Request:
         if self.sampling_params.logprobs is None:
             return None
         return [self.output_logprobs[i] for i in range(len(self.output_token_ids))]
+
+    @property
+    def all_prompt_logprobs(self) -> list[TokenLogprobs | None] | None:
+        """None for the first prompt token, then each later one's logprobs, when
+        SamplingParams.prompt_logprobs asked for them."""
+        if self.sampling_params.prompt_logprobs is None:
+            return None
+        return [None] + [self.prompt_logprobs[i] for i in range(1, self.num_prompt_tokens)]
 
     @property
     def is_finished(self) -> bool:

@@ -55,6 +55,9 @@ class SamplingParams:
     logprobs: int | None = None
     """Return each sampled token's log-probability (omni/core/logprobs.py) and this many most
     likely alternatives at its position (0 to 20); None returns none."""
+    prompt_logprobs: int | None = None
+    """The same for each prompt token after the first (given the tokens before it): 0 to 20
+    alternatives, None for none. Such a request is prefilled whole (no prefix-cache hits)."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -69,10 +72,13 @@ class SamplingParams:
         set_(self, "stop", _stop_strings(self.stop))
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "True or False")
         set_(self, "logit_bias", _logit_bias(self.logit_bias))
-        if self.logprobs is not None:
-            expected = f"an integer in [0, {MAX_LOGPROBS}] or None"
-            set_(self, "logprobs", _integer("logprobs", self.logprobs, 0, expected))
-            _check(self.logprobs <= MAX_LOGPROBS, "logprobs", self.logprobs, expected)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                expected = f"an integer in [0, {MAX_LOGPROBS}] or None"
+                value = _integer(name, value, 0, expected)
+                _check(value <= MAX_LOGPROBS, name, value, expected)
+                set_(self, name, value)
         for name in ("presence_penalty", "frequency_penalty"):
             set_(
                 self, name, _number(name, getattr(self, name), lambda v: -2 <= v <= 2, "in [-2, 2]")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from omni.core.kv_cache_manager import KVCacheManager
+from omni.core.prompt_logprobs import prompt_targets, record_prompt_logprobs
 from omni.core.request import Request, RequestStatus
 from omni.core.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
 
@@ -125,6 +126,10 @@ class Scheduler:
                 (),
                 len(request.output_token_ids),
                 self._fed_codes(request, start, num_new) if request.output_codes else (),
+                # decode steps (past the prompt) skip the call
+                prompt_targets(request, start, num_new)
+                if start < request.num_prompt_tokens
+                else (),
             )
             scheduled.append(entry)
             if hit_filter is not None and (start + num_new) // block_size > start // block_size:
@@ -142,7 +147,9 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[0]
-            hit_ids, num_hit_tokens = self.kv.get_computed_blocks(request)
+            # prompt_logprobs: every prompt position is computed, so no hit is taken.
+            whole = request.sampling_params.prompt_logprobs is not None
+            hit_ids, num_hit_tokens = ([], 0) if whole else self.kv.get_computed_blocks(request)
             if request.input_limit is not None:  # a hit may not end past the inputs that came
                 num_within = max(request.input_limit - 1, 0) // self.block_size
                 hit_ids = hit_ids[:num_within]
@@ -192,6 +199,7 @@ class Scheduler:
             mm_inputs=request.mm_inputs if is_new else (),
             num_output_tokens=request.num_output_tokens,
             fed_codes=self._fed_codes(request, start, num_new),
+            prompt_targets=prompt_targets(request, start, num_new),
         )
 
     @staticmethod
@@ -239,6 +247,8 @@ class Scheduler:
             if request is None or request.status is not running:
                 continue
             request.num_computed_tokens += len(entry.token_ids)
+            if entry.prompt_targets:
+                record_prompt_logprobs(request, entry, runner_output)
             token_id = sampled.get(entry.request_id)
             if token_id is None:
                 continue

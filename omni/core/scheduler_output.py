@@ -38,6 +38,9 @@ class ScheduledRequest:
     fed_codes: tuple[tuple[int, ...], ...] = ()
     """Multi-code steps (RunnerOutput.sampled_codes): the residual codes sampled with each fed
     generated token, aligned with the last len(fed_codes) entries of token_ids; () otherwise."""
+    prompt_targets: tuple[int, ...] = ()
+    """SamplingParams.prompt_logprobs: the prompt token that follows each of the first
+    len(prompt_targets) fed tokens (their logprobs are returned); () otherwise."""
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,5 @@ class RunnerOutput:
     tensors["codes"]. Empty for single-token stages."""
     sampled_logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     """request_id -> its sampled token's logprobs, for requests with SamplingParams.logprobs."""
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    """request_id -> the logprobs of its ScheduledRequest.prompt_targets, in order."""

@@ -276,6 +276,7 @@ class StageEngine:
             tensors=tensors,
             timings={"latency_s": time.perf_counter() - arrival} if arrival else {},
             logprobs=request.logprobs,
+            prompt_logprobs=request.all_prompt_logprobs,
         )
 
     def stats(self) -> dict[str, Any]:

@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from omni.config.validate import config_error
+from omni.core.prompt_logprobs import record_prompt_logprobs
 from omni.core.provisional import Provisional, advance, resolve
 from omni.core.request import Request
-from omni.core.scheduler_output import SchedulerOutput
+from omni.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from omni.messages import EngineOutput
 from omni.runtime.launched_step import FedIds, LaunchedStep
 
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 class _InFlight:
     launched: LaunchedStep
     pending: list[Provisional]  # its requests' placeholders, in its sampled rows' order
+    prompt_entries: list[ScheduledRequest]  # those that return prompt logprobs
 
 
 class StepPipeline:
@@ -93,6 +95,10 @@ class StepPipeline:
             self.num_launched_ahead += 1
         appended: list[Request] = []
         runner_output = current.launched.result()  # waits for this step only
+        for entry in current.prompt_entries:  # prompt chunks never run ahead: no placeholders
+            request = engine.scheduler.requests.get(entry.request_id)
+            if request is not None and not request.is_finished:
+                record_prompt_logprobs(request, entry, runner_output)
         finished = resolve(engine.scheduler, current.pending, runner_output, appended)
         # Streamed rows: those of the step ahead are neither read nor waited for.
         ahead_writes = self._in_flight is not None and engine.output_cache is not None
@@ -113,9 +119,9 @@ class StepPipeline:
         launched = engine.runner.launch(scheduler_output, fed)
         engine.ran(scheduler_output)
         with_codes = launched.codes is not None  # a multi-code step: its codes are provisional
-        return _InFlight(
-            launched, advance(engine.scheduler, scheduler_output, with_codes=with_codes)
-        )
+        pending = advance(engine.scheduler, scheduler_output, with_codes=with_codes)
+        prompt = [e for e in scheduler_output.scheduled if e.prompt_targets]
+        return _InFlight(launched, pending, prompt)
 
     def _can_launch_ahead(self, current: _InFlight) -> bool:
         engine = self.engine

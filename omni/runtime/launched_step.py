@@ -13,10 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from omni.core.logprobs import TokenLogprobs
 from omni.core.scheduler_output import RunnerOutput
-from omni.runtime.token_logprobs import read_logprobs
-
-LogprobFrames = tuple[torch.Tensor, list[int], list[int]]
+from omni.runtime.token_logprobs import LogprobFrames, read_logprobs
 
 
 @dataclass(frozen=True)
@@ -38,19 +37,23 @@ class LaunchedStep:
     codes: torch.Tensor | None = None
     """[rows, codes] a multi-code step's residual codes, read in the same copy."""
     logprobs: LogprobFrames | None = None
-    """The rows that asked for logprobs: logprob_frames' (frames, rows, counts). The ids (and
-    codes) then go over as float64 (exact) beside the frames, in the same copy and read."""
+    """The rows that asked for logprobs: logprob_frames' (frames, rows, counts)."""
+    prompt_logprobs: tuple[list[str], LogprobFrames] | None = None
+    """The step's requests (in scheduling order) and prompt_logprob_frames' frames, whose rows
+    index them. With either kind of frames, the ids (and codes) go over as float64 (exact)
+    beside them, in the same copy and read."""
     _host: torch.Tensor | None = field(default=None, repr=False)
     _copied: Any = field(default=None, repr=False)  # CUDA event after the copy to _host
 
     def __post_init__(self) -> None:
-        if self.ids is None:
+        blocks = self._blocks()
+        if self.ids is None and not blocks:
             return
-        frames = self.ids.unsqueeze(1)
-        if self.codes is not None:
-            frames = torch.cat([frames, self.codes], dim=1)
-        if self.logprobs is not None:
-            frames = torch.cat([frames.double().flatten(), self.logprobs[0].flatten()])
+        frames = self._id_frames()
+        if blocks:
+            parts = [] if frames is None else [frames.double().flatten()]
+            frames = torch.cat(parts + [block[0].flatten() for block in blocks])
+        assert frames is not None
         if frames.device.type != "cuda":
             self._host = frames
             return
@@ -66,32 +69,57 @@ class LaunchedStep:
             self._copied.synchronize()
         frames = self._host.tolist()  # the step's ids (and codes, logprobs) on the host
         request_ids = self.request_ids
-        sampled_logprobs = {}
-        if self.logprobs is not None:
-            _, rows, counts = self.logprobs
+        sampled_logprobs: dict[str, TokenLogprobs] = {}
+        prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
+        if self._blocks():
             width = 1 if self.codes is None else 1 + self.codes.shape[1]
-            frames, logprob_rows = _unpacked(frames, len(request_ids), width, len(rows))
-            read = read_logprobs(logprob_rows, counts)
-            sampled_logprobs = {request_ids[j]: entry for j, entry in zip(rows, read, strict=True)}
+            num_ids = 0 if self.ids is None else len(request_ids) * width
+            flat, frames, offset = frames, _rows(frames[:num_ids], width), num_ids
+            if self.logprobs is not None:
+                block, rows, counts = self.logprobs
+                read, offset = _read(flat, offset, block, counts)
+                sampled_logprobs = {request_ids[j]: e for j, e in zip(rows, read, strict=True)}
+            if self.prompt_logprobs is not None:
+                scheduled_ids, (block, rows, counts) = self.prompt_logprobs
+                read, offset = _read(flat, offset, block, counts)
+                for j, entry in zip(rows, read, strict=True):
+                    prompt_logprobs.setdefault(scheduled_ids[j], []).append(entry)
+        if self.ids is None:
+            return RunnerOutput(sampled_token_ids={}, prompt_logprobs=prompt_logprobs)
         if self.codes is None:
             token_ids = [f[0] for f in frames]
             return RunnerOutput(
                 sampled_token_ids=dict(zip(request_ids, token_ids, strict=True)),
                 sampled_logprobs=sampled_logprobs,
+                prompt_logprobs=prompt_logprobs,
             )
         return RunnerOutput(
             sampled_token_ids={r: f[0] for r, f in zip(request_ids, frames, strict=True)},
             sampled_codes={r: tuple(f[1:]) for r, f in zip(request_ids, frames, strict=True)},
             sampled_logprobs=sampled_logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
+    def _id_frames(self) -> torch.Tensor | None:
+        if self.ids is None:
+            return None
+        frames = self.ids.unsqueeze(1)
+        return frames if self.codes is None else torch.cat([frames, self.codes], dim=1)
 
-def _unpacked(
-    flat: list[float], num_rows: int, width: int, num_logprob_rows: int
-) -> tuple[list[list[int]], list[list[float]]]:
-    """A step's packed read: num_rows frames of width ids (float64, exact), then the logprob
-    frames (logprob_frames' rows, all of one width)."""
-    ids = [[int(v) for v in flat[i : i + width]] for i in range(0, num_rows * width, width)]
-    rest = flat[num_rows * width :]
-    step = len(rest) // num_logprob_rows
-    return ids, [rest[i : i + step] for i in range(0, len(rest), step)]
+    def _blocks(self) -> list[LogprobFrames]:
+        prompt = None if self.prompt_logprobs is None else self.prompt_logprobs[1]
+        return [block for block in (self.logprobs, prompt) if block is not None]
+
+
+def _rows(flat: list[Any], width: int) -> list[list[int]]:
+    """Frames of `width` ids read back from float64 (exact)."""
+    return [[int(v) for v in flat[i : i + width]] for i in range(0, len(flat), width)]
+
+
+def _read(
+    flat: list[float], offset: int, block: torch.Tensor, counts: list[int]
+) -> tuple[list[TokenLogprobs], int]:
+    """A block of logprob frames read from the packed copy at `offset`, and the offset after."""
+    num_rows, width = block.shape
+    rows = [flat[offset + i * width : offset + (i + 1) * width] for i in range(num_rows)]
+    return read_logprobs(rows, counts), offset + num_rows * width

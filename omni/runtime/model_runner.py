@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from omni.core.logprobs import MAX_LOGPROBS
@@ -34,23 +32,10 @@ from omni.runtime.launched_step import FedIds, LaunchedStep
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.sampler import TOP_K_CAP, Sampler
 from omni.runtime.stage_model import StageModel
-from omni.runtime.token_logprobs import logprob_frames
+from omni.runtime.token_logprobs import LogprobFrames, logprob_frames, prompt_logprob_frames
+from omni.runtime.tracked_requests import Tracked, TrackedRequests
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _RequestState:
-    row: int  # of its block table in ModelRunner.block_tables
-    sampling_params: SamplingParams
-
-
-@dataclass
-class _Tracked:
-    """A step's requests' block-table rows and sampling parameters, in scheduling order."""
-
-    rows: np.ndarray
-    params: list[SamplingParams]
 
 
 class ModelRunner:
@@ -86,14 +71,11 @@ class ModelRunner:
         )  # fmt: skip
         self.output_cache = output_cache
         self.sampler = Sampler(seed, device=self.device)
-        self._requests: dict[str, _RequestState] = {}
         # Block tables live in one host array, appended to as blocks come (one row per request
         # with a table; +1: the warm-up's and profile's dummy request).
         max_blocks = -(-max(max_model_len, max_num_batched_tokens) // block_size)
         self.block_tables = BlockTables(max_num_seqs + 1, max_blocks)
-        # Tracked requests that are not greedy (0: skip the per-row check), with penalties or a
-        # logit bias, asking for logprobs.
-        self._num_random = self._num_adjusted = self._num_logprobs = 0
+        self.requests = TrackedRequests(self.block_tables)
         # Per-request stage inputs (upstream embeddings, pixel values, ...), kept until finished.
         self._extras: dict[str, Mapping[str, Any]] = {}
         self.decode_graphs: DecodeGraphs | None = None
@@ -146,8 +128,8 @@ class ModelRunner:
         entry = ScheduledRequest(
             request_id, [0] * num_tokens, 0, block_ids, True, False, SamplingParams()
         )
-        batch = self._pack([entry], self._track([entry]))
-        self._forget(request_id)
+        batch = self._pack([entry], self.requests.track([entry]))
+        self.requests.forget(request_id)
         return batch
 
     def add_request_extras(self, request_id: str, extras: Mapping[str, Any]) -> None:
@@ -157,7 +139,7 @@ class ModelRunner:
     def release(self, request_ids: list[str]) -> None:
         """Forget finished or aborted requests at once (their inputs can be large)."""
         for request_id in request_ids:
-            self._forget(request_id)
+            self.requests.forget(request_id)
             self._extras.pop(request_id, None)
         if request_ids:
             self.model.release(request_ids)  # adapters' per-request state
@@ -191,14 +173,17 @@ class ModelRunner:
         """Queue the step's forward, logits and sampling on the device. fed: a padded decode
         step's ids, still on the device (scheduled before they were read)."""
         for request_id in scheduler_output.preempted_request_ids:
-            self._forget(request_id)  # block table gone; inputs stay
+            self.requests.forget(request_id)  # block table gone; inputs stay
         if scheduler_output.is_empty:
             return LaunchedStep([])
         scheduled = scheduler_output.scheduled
-        tracked = self._track(scheduled)
-        padded = self._run_padded(scheduled, tracked, fed)
+        tracked = self.requests.track(scheduled)
+        # Prompt logprobs need every fed row's hidden state: such a step runs eagerly.
+        prompt = self.requests.num_prompt_logprobs > 0 and any(e.prompt_targets for e in scheduled)
+        padded = None if prompt else self._run_padded(scheduled, tracked, fed)
         if padded is None and fed is not None:
             raise RuntimeError("a step fed ids on the device must run padded (a decode batch)")
+        prompt_frames = None
         if padded is not None:  # every scheduled request samples, in order
             outputs, hidden = padded.outputs, padded.sample_hidden
             host_slots, device_slots = padded.host_slots, padded.device_slots
@@ -209,6 +194,11 @@ class ModelRunner:
             self.num_eager_steps += 1
             host_slots, device_slots = batch.slot_mapping, batch.model_inputs.attn.slot_mapping
             hidden = outputs.hidden_states
+            if prompt:
+                frames = prompt_logprob_frames(
+                    self.model.compute_logits, hidden, scheduled, tracked.params
+                )
+                prompt_frames = ([e.request_id for e in scheduled], frames)
             if len(batch.sample_ids) != hidden.shape[0]:  # else every row samples: no gather
                 hidden = hidden.index_select(0, batch.sample_rows)
             sampled = [e for e in scheduled if e.sample]  # in order, as batch.sample_ids
@@ -218,9 +208,9 @@ class ModelRunner:
             self.output_cache.discover(per_token, host_slots.numel())
             self.output_cache.write(host_slots, per_token, device_slot_mapping=device_slots)
         if not sampled:
-            return LaunchedStep([])
+            return LaunchedStep([], prompt_logprobs=prompt_frames)
         logits = self.model.compute_logits(hidden)
-        return self._sample(logits, hidden, sampled, params)
+        return self._sample(logits, hidden, sampled, params, prompt_frames)
 
     def _sample(
         self,
@@ -228,19 +218,21 @@ class ModelRunner:
         hidden: torch.Tensor,
         sampled: list[ScheduledRequest],
         params: list[SamplingParams],
+        prompt_frames: tuple[list[str], LogprobFrames] | None = None,
     ) -> LaunchedStep:
-        """The sampling rows' tokens (and a multi-code step's residual codes), on the device."""
-        all_greedy = self._num_random == 0
+        """The sampling rows' tokens (and a multi-code step's residual codes), on the device;
+        the logprobs asked for with them (and the step's prompt logprobs) in the same copy."""
+        all_greedy = self.requests.num_random == 0
         counts = [] if all_greedy else [e.num_output_tokens for e in sampled]
         sample_ids = [e.request_id for e in sampled]
-        adjusted = sample_ids if self._num_adjusted else None  # penalties: whose counts
+        adjusted = sample_ids if self.requests.num_adjusted else None  # penalties: whose counts
         ids = self.sampler.sample(logits, params, counts, all_greedy=all_greedy, adjusted=adjusted)
         codes = self.model.sample_codes(hidden, ids, sample_ids, params, counts)
-        logprobs = logprob_frames(logits, ids, params) if self._num_logprobs else None
-        return LaunchedStep(sample_ids, ids, codes, logprobs)
+        logprobs = logprob_frames(logits, ids, params) if self.requests.num_logprobs else None
+        return LaunchedStep(sample_ids, ids, codes, logprobs, prompt_frames)
 
     def _run_padded(
-        self, scheduled: list[ScheduledRequest], tracked: _Tracked, fed: FedIds | None
+        self, scheduled: list[ScheduledRequest], tracked: Tracked, fed: FedIds | None
     ) -> GraphStep | None:
         graphs = self.decode_graphs
         shape = graphs.shape_for(scheduled) if graphs is not None else None
@@ -257,38 +249,7 @@ class ModelRunner:
                 fed_frames = torch.cat([fed_ids[:, None], fed.codes.index_select(0, rows)], 1)
         return graphs.run(scheduled, self.block_tables, tracked.rows, shape, fed_ids, fed_frames)
 
-    def _track(self, scheduled: list[ScheduledRequest]) -> _Tracked:
-        """Each request's new blocks into its table: a host array row, written once per block."""
-        rows, params = [], []
-        requests, tables = self._requests, self.block_tables
-        for entry in scheduled:
-            state = requests.get(entry.request_id)
-            if entry.is_new or state is None:
-                if entry.sampling_params is None:  # the scheduler sets them whenever is_new
-                    what = f"request {entry.request_id!r} scheduled without a block table"
-                    raise RuntimeError(f"{what} or sampling params (is_new={entry.is_new})")
-                self._forget(entry.request_id)
-                state = _RequestState(tables.add(entry.new_block_ids), entry.sampling_params)
-                requests[entry.request_id] = state
-                self._num_random += not state.sampling_params.greedy
-                self._num_adjusted += state.sampling_params.adjusts_logits
-                self._num_logprobs += state.sampling_params.logprobs is not None
-            elif entry.new_block_ids:
-                tables.append(state.row, entry.new_block_ids)
-            rows.append(state.row)
-            params.append(state.sampling_params)
-        return _Tracked(np.array(rows, dtype=np.int64), params)
-
-    def _forget(self, request_id: str) -> None:
-        """Drop the request's block table (finished, aborted or preempted)."""
-        state = self._requests.pop(request_id, None)
-        if state is not None:
-            self.block_tables.release(state.row)
-            self._num_random -= not state.sampling_params.greedy
-            self._num_adjusted -= state.sampling_params.adjusts_logits
-            self._num_logprobs -= state.sampling_params.logprobs is not None
-
-    def _pack(self, scheduled: list[ScheduledRequest], tracked: _Tracked) -> PackedBatch:
+    def _pack(self, scheduled: list[ScheduledRequest], tracked: Tracked) -> PackedBatch:
         return pack_batch(
             scheduled,
             self.block_tables.gather(tracked.rows),

@@ -309,7 +309,7 @@ def test_packed_inputs_query_starts(qwen2_dir):
     for i, prompt in enumerate(([5, 6, 7], [8, 9, 10, 11, 12], [13])):
         engine.add_request(StageInput(f"r{i}", prompt, GREEDY))
     output = engine.scheduler.schedule()
-    batch = engine.runner._pack(output.scheduled, engine.runner._track(output.scheduled))
+    batch = engine.runner._pack(output.scheduled, engine.runner.requests.track(output.scheduled))
     inputs = batch.model_inputs
     assert inputs.query_starts == inputs.attn.query_start_loc.tolist() == [0, 3, 8, 9]
     assert inputs.device == torch.device("cpu") and batch.slot_mapping.device.type == "cpu"

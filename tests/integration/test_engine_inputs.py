@@ -106,7 +106,7 @@ def test_per_request_state_is_released_at_once(qwen2_dir):
     engine.abort(["b"])
     engine.run_until_done()
     # Nothing lingers until a next step: inputs can be large (pixels, upstream hidden states).
-    assert engine.runner._extras == {} and engine.runner._requests == {}
+    assert engine.runner._extras == {} and engine.runner.requests.states == {}
     # The same id again keeps its new inputs.
     engine.add_request(StageInput("a", [5, 6, 7], SamplingParams(max_tokens=2), extras={"x": 3}))
     engine.step()

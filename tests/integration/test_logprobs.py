@@ -41,6 +41,21 @@ def oracle(qwen2_dir):
     return logprobs
 
 
+@pytest.fixture(scope="module")
+def prompt_oracle(qwen2_dir):
+    model = AutoModelForCausalLM.from_pretrained(
+        qwen2_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
+
+    def logprobs(prompt: list[int]) -> torch.Tensor:
+        """[len(prompt) - 1, vocab]: log p(. | prompt[:i]) for i = 1 .. len(prompt) - 1."""
+        with torch.inference_mode():
+            logits = model(torch.tensor([prompt])).logits[0]
+        return torch.log_softmax(logits[:-1].float(), dim=-1)
+
+    return logprobs
+
+
 def check(result, prompt, params, oracle, tolerance: float = TOLERANCE) -> None:
     if params.logprobs is None:
         assert result.logprobs is None
@@ -113,3 +128,50 @@ def test_logprobs_out_of_range_is_refused_naming_the_field(value):
         ValueError, match=r"SamplingParams\.logprobs must be an integer in \[0, 20\]"
     ):
         SamplingParams(logprobs=value)
+
+
+PROMPT_CONFIGS = {
+    "eager": {"block_size": 4},
+    "chunked": {"block_size": 4, "max_num_batched_tokens": 16},
+    "padded-ahead": {"block_size": 4, "cuda_graphs": True, "max_num_seqs": 8,
+                     "async_scheduling": True},
+    "tiny-pool": {"block_size": 4, "num_blocks": 40, "max_model_len": 160,
+                  "max_num_batched_tokens": 24},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(PROMPT_CONFIGS))
+def test_prompt_logprobs_equal_transformers(qwen2_dir, prompt_oracle, name):
+    """Each prompt token's logprob (given the tokens before it) and top 3: every position
+    computed even where the prefix cache holds the prompt (a second round of the same prompts),
+    in chunks, beside requests that ask for none, under preemption."""
+    from transformers import AutoConfig
+
+    prompts = shared_prefix_prompts(AutoConfig.from_pretrained(qwen2_dir).vocab_size, 4)
+    engine = make_engine(qwen2_dir, **PROMPT_CONFIGS[name])
+    asking = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, prompt_logprobs=3, logprobs=1)
+    plain = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
+    for round_index in range(2):
+        for i, prompt in enumerate(prompts):
+            engine.add_request(StageInput(f"plain-{i}-{round_index}", prompt, plain))
+            engine.add_request(StageInput(f"ask-{i}-{round_index}", prompt, asking))
+        results = {r.request_id: r for r in engine.run_until_done()}
+        for i, prompt in enumerate(prompts):
+            assert results[f"plain-{i}-{round_index}"].prompt_logprobs is None
+            got = results[f"ask-{i}-{round_index}"]
+            assert got.token_ids == results[f"plain-{i}-{round_index}"].token_ids
+            assert got.num_cached_tokens == 0  # no hit taken: every position is computed
+            assert got.prompt_logprobs is not None and got.prompt_logprobs[0] is None
+            assert len(got.prompt_logprobs) == len(prompt)
+            expected = prompt_oracle(prompt)
+            for position, entry in enumerate(got.prompt_logprobs[1:], 1):
+                assert entry is not None
+                row = expected[position - 1]
+                assert abs(entry.logprob - row[prompt[position]].item()) < TOLERANCE, position
+                values, ids = row.topk(3)
+                assert [t for t, _ in entry.top] == ids.tolist(), position
+                assert all(abs(v - e) < TOLERANCE for (_, v), e in zip(entry.top, values.tolist(), strict=False))
+    stats = engine.stats()
+    assert stats["kv_hit_tokens"] > 0  # the plain requests still hit
+    if name == "tiny-pool":
+        assert stats["preemptions"] > 0

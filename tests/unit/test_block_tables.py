@@ -83,12 +83,12 @@ def test_runner_tables_follow_the_kv_manager_under_preemption(qwen2_dir, cuda_gr
     while engine.has_unfinished:
         engine.step()
         num_steps += 1
-        for request_id, state in runner._requests.items():
+        for request_id, state in runner.requests.states.items():
             want = engine.kv.get_block_ids(request_id)
             assert runner.block_tables.block_ids(state.row) == want, (num_steps, request_id)
-        random = sum(not s.sampling_params.greedy for s in runner._requests.values())
-        assert runner._num_random == random
+        random = sum(not s.sampling_params.greedy for s in runner.requests.states.values())
+        assert runner.requests.num_random == random
     stats = engine.stats()
     assert stats["preemptions"] > 0, stats
-    assert runner._requests == {} and runner._num_random == 0
+    assert runner.requests.states == {} and runner.requests.num_random == 0
     assert runner.block_tables.num_free_rows == runner.block_tables.table.shape[0]
