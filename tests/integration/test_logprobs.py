@@ -170,7 +170,10 @@ def test_prompt_logprobs_equal_transformers(qwen2_dir, prompt_oracle, name):
                 assert abs(entry.logprob - row[prompt[position]].item()) < TOLERANCE, position
                 values, ids = row.topk(3)
                 assert [t for t, _ in entry.top] == ids.tolist(), position
-                assert all(abs(v - e) < TOLERANCE for (_, v), e in zip(entry.top, values.tolist(), strict=False))
+                assert all(
+                    abs(v - e) < TOLERANCE
+                    for (_, v), e in zip(entry.top, values.tolist(), strict=False)
+                )
     stats = engine.stats()
     assert stats["kv_hit_tokens"] > 0  # the plain requests still hit
     if name == "tiny-pool":

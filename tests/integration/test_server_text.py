@@ -138,3 +138,32 @@ def test_stop_strings_of_several_tokens_cut_the_text(client, reference):
     )
     chunks = client.chat.completions.create(**chat, extra_body=EXTRA, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+
+
+def test_echo_with_logprobs_scores_the_prompt(client, lm_dir):
+    """A scoring request as lm-evaluation-harness sends it (echo, logprobs 1, one new token):
+    the prompt's tokens first, the first with null logprobs, the values the Python API's
+    prompt_logprobs (checked against transformers in tests/integration/test_logprobs.py)."""
+    prompt = "The quick brown fox jumps"
+    kwargs = dict(model=NAME, prompt=prompt, max_tokens=1, temperature=0, echo=True)
+    scored = client.completions.create(**kwargs, logprobs=1, extra_body=EXTRA).choices[0]
+    params = SamplingParams(max_tokens=1, ignore_eos=True, logprobs=1, prompt_logprobs=1)
+    with Omni(model=lm_dir, runtime={"backend": "local"}, **on_cpu("llm")) as lm:
+        (result,) = lm.generate([prompt], params, use_tqdm=False)
+        final = result.final
+        texts = lm.async_omni.token_texts("llm", final.prompt_token_ids + final.token_ids)
+    assert scored.text == prompt + final.text
+    logprobs = scored.logprobs
+    assert logprobs.tokens == [text for text, _ in texts]
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    expected = [e.logprob for e in final.prompt_logprobs[1:]] + [final.logprobs[0].logprob]
+    assert all(map(close, logprobs.token_logprobs[1:], expected))
+    assert all(len(top) == 1 for top in logprobs.top_logprobs[1:])
+    assert logprobs.text_offset[0] == 0 and logprobs.text_offset[-1] == len(prompt)
+    plain = client.completions.create(**kwargs, extra_body=EXTRA).choices[0]
+    assert plain.text == scored.text and plain.logprobs is None
+    streamed = client.completions.create(**kwargs, extra_body=EXTRA, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == scored.text
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(**kwargs, logprobs=1, stream=True)
+    assert refused.value.body["param"] == "echo"

@@ -1,5 +1,7 @@
 """POST /v1/completions: one prompt (text or token ids) through the pipeline up to its last text
-stage; the text stage's text back, whole or streamed (`text_completion` chunks)."""
+stage; the text stage's text back, whole or streamed (`text_completion` chunks). `echo` puts the
+prompt ahead of it, and with `logprobs` the prompt tokens' logprobs ahead of the generated
+ones' (a scoring request, as lm-evaluation-harness sends: not streamed)."""
 
 from __future__ import annotations
 
@@ -44,16 +46,33 @@ def _prompt(body: CompletionRequest) -> dict[str, Any]:
     return out
 
 
+def _echo(ctx: Context, body: CompletionRequest, prompt_ids: list[int], text_stage: str) -> str:
+    """The prompt as `echo` returns it: the text as sent, or token ids' text."""
+    prompt = body.prompt[0] if isinstance(body.prompt, list) and body.prompt else body.prompt
+    if isinstance(prompt, str):
+        return prompt
+    return "".join(text for text, _ in ctx.async_omni.token_texts(text_stage, prompt_ids))
+
+
 async def create(ctx: Context, request: Request, body: CompletionRequest) -> Response:
     ctx.check_model(body.model)
     for name, value, ok in (
         ("n", body.n, body.n in (None, 1)),
-        ("echo", body.echo, not body.echo),
         ("suffix", body.suffix, body.suffix is None),
     ):
         if not ok:
             raise bad_request(f"{name}: {value!r} is not supported", name, "unsupported_value")
     text_stage = ctx.text_stage()
+    scored = bool(body.echo) and body.logprobs is not None  # the prompt's logprobs too
+    if scored and (body.stream or ctx.async_omni.config.stage(text_stage).inputs):
+        why = (
+            "streamed" if body.stream else f"when the text stage ({text_stage!r}) is not the first"
+        )
+        raise bad_request(
+            f"echo: the prompt's logprobs (echo with logprobs) are not served {why}",
+            "echo",
+            "unsupported_value",
+        )
     plan = sampling.plan(
         ctx.async_omni,
         text_stage,
@@ -68,13 +87,15 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         stop=body.stop,
         stage_sampling=body.stage_sampling,
         logprobs=body.logprobs,
+        prompt_logprobs=body.logprobs if scored else None,
         text_final=True,
     )
     request_id = new_id("cmpl")
     prepared = await streaming.prepare(ctx.async_omni, _prompt(body), request_id)
     sampling.check_context(ctx.async_omni, text_stage, prepared, body.max_tokens, "max_tokens")
     cursor = SnapshotCursor(text_stage, plan.stop_strings)
-    logprobs = LogprobCursor(ctx.async_omni, text_stage, chat=False)
+    echoed = _echo(ctx, body, prepared.prompt_token_ids, text_stage) if body.echo else ""
+    logprobs = LogprobCursor(ctx.async_omni, text_stage, chat=False, text_offset=len(echoed))
     timer = ctx.metrics.timer(ENDPOINT)
     created = int(time.time())
     outputs = ctx.async_omni.run(
@@ -97,6 +118,8 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
     async def events() -> AsyncIterator[bytes]:
         last, ok = None, False
         try:
+            if echoed:
+                yield streaming.sse(chunk(echoed, None))
             async with contextlib.aclosing(outputs) as snapshots:
                 async for last in snapshots:
                     timer.output()
@@ -127,6 +150,9 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         out = await streaming.until_disconnected(request, streaming.collect(outputs, timer))
     except streaming.ClientGone:
         return Response(status_code=499)
-    response = chunk(cursor.text(out), streaming.finish_reason(out, text_stage), out)
+    response = chunk(echoed + cursor.text(out), streaming.finish_reason(out, text_stage), out)
+    if scored:
+        choice = response["choices"][0]
+        choice["logprobs"] = logprobs.echoed(out, choice["logprobs"])
     response["usage"] = streaming.usage(ctx.async_omni, out, text_stage)
     return JSONResponse(response)

@@ -54,6 +54,7 @@ def plan(
     stage_sampling: dict[str, dict[str, Any]] | None = None,
     min_text_tokens: int | None = None,
     logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
     text_final: bool = False,
 ) -> Plan:
     params = {s.name: s.sampling for s in async_omni.config.stages}
@@ -78,6 +79,7 @@ def plan(
             ("logit_bias", logit_bias),
             ("seed", seed),
             ("logprobs", logprobs),
+            ("prompt_logprobs", prompt_logprobs),
         )
         if v is not None
     }
