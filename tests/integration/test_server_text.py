@@ -167,3 +167,36 @@ def test_echo_with_logprobs_scores_the_prompt(client, lm_dir):
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(**kwargs, logprobs=1, stream=True)
     assert refused.value.body["param"] == "echo"
+
+
+def test_completions_with_several_prompts_and_n(client):
+    """A list of prompts and `n` samples each: one choice per (prompt, sample), each the same as
+    that prompt alone (sample j: the request's seed + j), whole and streamed; the usage counts
+    each prompt once and every choice's tokens."""
+    prompts = ["The quick brown fox", "Tell me"]
+    kwargs = dict(model=NAME, max_tokens=MAX_TOKENS, temperature=1.0, extra_body=EXTRA)
+    both = client.completions.create(prompt=prompts, n=3, seed=5, **kwargs)
+    assert [c.index for c in both.choices] == list(range(6))
+    alone = {
+        (i, j): client.completions.create(prompt=p, seed=5 + j, **kwargs)
+        for i, p in enumerate(prompts)
+        for j in range(3)
+    }
+    for (i, j), single in alone.items():
+        assert both.choices[i * 3 + j].text == single.choices[0].text, (i, j)
+    assert len({c.text for c in both.choices[:3]}) > 1  # the samples differ
+    prompt_tokens = sum(alone[(i, 0)].usage.prompt_tokens for i in range(2))
+    assert both.usage.prompt_tokens == prompt_tokens
+    assert both.usage.completion_tokens == 6 * MAX_TOKENS
+    streamed = client.completions.create(prompt=prompts, n=3, seed=5, stream=True, **kwargs)
+    texts = [""] * 6
+    finishes = [None] * 6
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+    assert texts == [c.text for c in both.choices] and finishes == ["length"] * 6
+    for n in (0, 65):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(prompt=prompts, n=n, **kwargs)
+        assert refused.value.body["param"] == "n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -113,3 +113,53 @@ def usage(async_omni: Any, out: OmniOutput, text_stage: str) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+
+
+def total_usage(usages: list[dict[str, Any]], prompt_counted: list[bool]) -> dict[str, Any]:
+    """One usage of several choices: every choice's completion tokens, and the prompt tokens
+    (and their cache hits) of those marked, each prompt once whatever `n` is (as OpenAI counts)."""
+    prompt = sum(u["prompt_tokens"] for u, c in zip(usages, prompt_counted, strict=True) if c)
+    cached = sum(
+        u["prompt_tokens_details"]["cached_tokens"]
+        for u, c in zip(usages, prompt_counted, strict=True)
+        if c
+    )
+    completion = sum(u["completion_tokens"] for u in usages)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+async def merged(streams: list[AsyncIterator[T]]) -> AsyncGenerator[tuple[int, T], None]:
+    """(index, item) of several async iterators as their items come. Closing it early (or an
+    error in one) closes them all, which aborts their requests."""
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    end = object()
+
+    async def pump(index: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async with contextlib.aclosing(stream) as items:  # type: ignore[type-var]
+                async for item in items:
+                    await queue.put((index, item))
+        except Exception as e:  # noqa: BLE001 - raised where the items are read
+            await queue.put((index, e))
+        await queue.put((index, end))
+
+    tasks = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is end:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
