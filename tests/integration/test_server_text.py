@@ -200,3 +200,28 @@ def test_completions_with_several_prompts_and_n(client):
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(prompt=prompts, n=n, **kwargs)
         assert refused.value.body["param"] == "n"
+
+
+def test_chat_with_n_choices(client):
+    """n choices of one chat: choice j the same as the request alone with seed + j, with its
+    own logprobs, whole and streamed; the prompt counted once in the usage."""
+    kwargs = dict(model=NAME, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=1.0)
+    asked = dict(logprobs=True, extra_body=EXTRA)
+    many = client.chat.completions.create(n=3, seed=11, **kwargs, **asked)
+    alone = [client.chat.completions.create(seed=11 + j, **kwargs, **asked) for j in range(3)]
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    for choice, single in zip(many.choices, alone, strict=True):
+        assert choice.message.content == single.choices[0].message.content
+        assert [t.token for t in choice.logprobs.content] == [
+            t.token for t in single.choices[0].logprobs.content
+        ]
+    assert len({c.message.content for c in many.choices}) > 1
+    assert many.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    assert many.usage.completion_tokens == 3 * MAX_TOKENS
+    streamed = client.chat.completions.create(n=3, seed=11, stream=True, **kwargs, **asked)
+    texts, roles = [""] * 3, [None] * 3
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            roles[choice.index] = choice.delta.role or roles[choice.index]
+    assert texts == [c.message.content for c in many.choices] and roles == ["assistant"] * 3

@@ -26,8 +26,7 @@ from omni.entrypoints.snapshot_cursor import SnapshotCursor
 from omni.messages import OmniOutput
 
 ENDPOINT = "/v1/completions"
-MAX_CHOICES = 128
-"""The most choices (prompts x n) one request may ask for."""
+MAX_CHOICES = streaming.MAX_CHOICES
 
 
 @dataclasses.dataclass
@@ -180,23 +179,11 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
     if body.stream:
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    async def collect_all() -> list[OmniOutput]:
-        outs: list[OmniOutput | None] = [None] * len(choices)
-        async with contextlib.aclosing(streaming.merged([c.outputs for c in choices])) as items:
-            async for index, out in items:
-                timer.output()
-                outs[index] = out
-        return [streaming.check(out) for out in outs]
-
+    runs = [c.outputs for c in choices]
     try:
-        outs = await streaming.until_disconnected(request, collect_all())
+        outs = await streaming.until_disconnected(request, streaming.collect_all(runs, timer))
     except streaming.ClientGone:
-        timer.done(ok=False)
         return Response(status_code=499)
-    except Exception:
-        timer.done(ok=False)
-        raise
-    timer.done(ok=True)
     items = []
     for choice, out in zip(choices, outs, strict=True):
         choice.last = out

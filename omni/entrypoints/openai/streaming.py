@@ -23,6 +23,8 @@ from omni.messages import OmniOutput, PromptInput
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
 FINISH_REASONS = {"stopped": "stop", "length": "length"}
+MAX_CHOICES = 128
+"""The most choices (prompts x n) one request may ask for."""
 
 
 def sse(obj: Any) -> bytes:
@@ -80,6 +82,25 @@ async def collect(outputs: Any, timer: Any) -> OmniOutput:
     finally:
         timer.done(ok=last is not None and last.error is None)
     return check(last)
+
+
+async def collect_all(runs: list[Any], timer: Any) -> list[OmniOutput]:
+    """Several non-streamed requests (a response's choices) run to the end together, timed as
+    one; their finished outputs (`check`). Closing early aborts them all."""
+    outs: list[OmniOutput | None] = [None] * len(runs)
+    ok = False
+    try:
+        async with contextlib.aclosing(merged(runs)) as items:
+            async for index, out in items:
+                timer.output()
+                outs[index] = out
+                if out.finished and out.final.audio is not None:
+                    timer.first_audio()
+        checked = [check(out) for out in outs]
+        ok = True
+        return checked
+    finally:
+        timer.done(ok=ok)
 
 
 def check(out: OmniOutput | None) -> OmniOutput:

@@ -1,0 +1,191 @@
+"""ChatChoice: one choice of a chat completion (omni/entrypoints/openai/chat.py): its cursors over
+the request's snapshots, its response message, and its streamed chunks (the text as it comes,
+audio as the vocoder decodes it, with the logprobs of the tokens each piece carries)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from omni.entrypoints.openai import audio_encoding, sampling, streaming
+from omni.entrypoints.openai.context import Context, new_id
+from omni.entrypoints.openai.errors import from_exception
+from omni.entrypoints.openai.logprobs import LogprobCursor
+from omni.entrypoints.openai.protocol import ChatCompletionRequest
+from omni.entrypoints.snapshot_cursor import SnapshotCursor, SnapshotNews
+from omni.messages import OmniOutput
+
+AUDIO_TTL_S = 3600
+
+
+class ChatChoice:
+    def __init__(
+        self,
+        ctx: Context,
+        body: ChatCompletionRequest,
+        request_id: str,
+        text_stage: str,
+        plan: sampling.Plan,
+        want_audio: bool,
+        index: int = 0,
+    ) -> None:
+        self.ctx = ctx
+        self.index = index
+        self.body = body
+        self.id = request_id
+        self.text_stage = text_stage
+        self.want_audio = want_audio
+        self.cursor = SnapshotCursor(text_stage, plan.stop_strings)
+        self.logprobs = LogprobCursor(ctx.async_omni, text_stage, chat=True)
+        self.created = int(time.time())
+        self.audio_id = new_id("audio")
+        self.audio_sent = False
+
+    def message(self, out: OmniOutput) -> dict[str, Any]:
+        """This choice in a whole response: its message, finish reason and logprobs."""
+        text = self.cursor.text(out)
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if self.want_audio:
+            final = out.final
+            assert self.body.audio is not None
+            data = audio_encoding.encode(
+                final.audio, self.ctx.sample_rate(final), self.body.audio.format
+            )
+            message["audio"] = {
+                "id": self.audio_id,
+                "data": base64.b64encode(data).decode(),
+                "expires_at": int(time.time()) + AUDIO_TTL_S,
+                "transcript": text,
+            }
+        return {
+            "index": self.index,
+            "message": message,
+            "finish_reason": streaming.finish_reason(out, self.text_stage),
+            "logprobs": self.logprobs.new(out),
+        }
+
+    def chunk(
+        self,
+        delta: dict[str, Any] | None,
+        finish: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> bytes:
+        """A `chat.completion.chunk` of this choice's delta (none: no choice, e.g. the usage)."""
+        choice = {"index": self.index, "delta": delta, "finish_reason": finish,
+                  "logprobs": logprobs}  # fmt: skip
+        return streaming.sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.ctx.args.model_name,
+                "choices": [] if delta is None else [choice],
+                **extra,
+            }
+        )
+
+    def on_snapshot(self, out: OmniOutput, timer: Any) -> list[bytes]:
+        """The chunks a snapshot of this choice's request adds: its new text (with the
+        logprobs of its tokens), its new audio."""
+        timer.output()
+        chunks = []
+        news = self.cursor.advance(out)
+        if news.text:
+            timer.first_token()
+            chunks.append(self.chunk(self._text_delta(news.text), None, self.logprobs.new(out)))
+        audio = self._new_audio(out, news)
+        if audio is not None:
+            timer.first_audio()
+            chunks += self._audio_chunks(audio)
+            self.audio_sent = True
+        return chunks
+
+    def on_finished(self, out: OmniOutput) -> list[bytes]:
+        """The chunks that close this choice: logprobs of tokens that added no text (e.g. part
+        of a character), the audio's end, the finish reason."""
+        chunks = []
+        rest = self.logprobs.new(out)
+        if rest is not None and rest["content"]:
+            chunks.append(self.chunk(self._text_delta(""), None, rest))
+        if self.audio_sent:
+            expires_at = int(time.time()) + AUDIO_TTL_S
+            chunks.append(self.chunk({"audio": {"id": self.audio_id, "expires_at": expires_at}}))
+        return chunks + [self.chunk({}, streaming.finish_reason(out, self.text_stage))]
+
+    def _text_delta(self, text: str) -> dict[str, Any]:
+        """New text: `content` for text clients and, with audio, the transcript as OpenAI
+        streams it."""
+        if not self.want_audio:
+            return {"content": text}
+        return {"content": text, "audio": {"id": self.audio_id, "transcript": text}}
+
+    def _new_audio(self, out: OmniOutput, news: SnapshotNews) -> Any:
+        """The audio stage's samples new in `out`; None without audio (or new samples), and
+        for a failed request (its error is what the client gets)."""
+        if not self.want_audio or out.error is not None:
+            return None
+        return news.audio.get(self.ctx.async_omni.audio_stage)
+
+    def _audio_chunks(self, new_samples: Any) -> list[bytes]:
+        """`delta.audio` chunks of the new samples: pieces of at most CHUNK_SAMPLES, so that a
+        waveform decoded all at once (a vocoder that does not stream) is still sent in pieces."""
+        data = audio_encoding.pcm16_bytes(new_samples)
+        return [
+            self.chunk({"audio": {"id": self.audio_id, "data": base64.b64encode(piece).decode()}})
+            for piece in audio_encoding.chunks(data)
+        ]
+
+
+def response(choices: list[ChatChoice], outs: list[OmniOutput]) -> dict[str, Any]:
+    """The whole `chat.completion` of every choice, with the usage of all (the prompt once)."""
+    first = choices[0]
+    return {
+        "id": first.id,
+        "object": "chat.completion",
+        "created": first.created,
+        "model": first.ctx.args.model_name,
+        "choices": [c.message(out) for c, out in zip(choices, outs, strict=True)],
+        "usage": usage(choices, outs),
+    }
+
+
+def usage(choices: list[ChatChoice], outs: list[OmniOutput]) -> dict[str, Any]:
+    first = choices[0]
+    each = [streaming.usage(first.ctx.async_omni, out, first.text_stage) for out in outs]
+    return streaming.total_usage(each, [c.index == 0 for c in choices])
+
+
+async def stream(choices: list[ChatChoice], runs: list[Any], timer: Any) -> AsyncIterator[bytes]:
+    """The SSE stream of every choice (runs: their requests' snapshots, in order): a role chunk
+    each, then each choice's pieces as its snapshots come, its closing chunks, the usage when
+    asked, [DONE]."""
+    lasts: list[OmniOutput | None] = [None] * len(choices)
+    ok = False
+    try:
+        for choice in choices:
+            yield choice.chunk({"role": "assistant", "content": ""})
+        async with contextlib.aclosing(streaming.merged(runs)) as snapshots:
+            async for index, out in snapshots:
+                lasts[index] = out
+                for piece in choices[index].on_snapshot(out, timer):
+                    yield piece
+        try:
+            outs = [streaming.check(last) for last in lasts]
+        except Exception as e:  # noqa: BLE001 - reported in the stream, the status is sent
+            yield streaming.sse(from_exception(e).body())
+            yield streaming.DONE
+            return
+        ok = True
+        for choice, out in zip(choices, outs, strict=True):
+            for piece in choice.on_finished(out):
+                yield piece
+        options = choices[0].body.stream_options
+        if options is not None and options.include_usage:
+            yield choices[0].chunk(None, usage=usage(choices, outs))
+        yield streaming.DONE
+    finally:
+        timer.done(ok=ok)
