@@ -87,25 +87,15 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
                 "n",
                 "unsupported_value",
             )
-    plans = [
-        sampling.plan(
-            ctx.async_omni,
-            text_stage,
-            max_tokens=body.max_completion_tokens or body.max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty,
-            logit_bias=body.logit_bias,
-            seed=None if body.seed is None else body.seed + j,  # choice j: its own samples
-            stop=body.stop,
-            stage_sampling=body.stage_sampling,
-            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-            text_final=not want_audio,
-        )
-        for j in range(n)
-    ]
+    plans = sampling.choice_plans(
+        ctx.async_omni,
+        text_stage,
+        body,
+        n,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        text_final=not want_audio,
+    )
     prompt = await asyncio.to_thread(
         chat_prompt, ctx.async_omni.prompt_processor, body.messages, ctx.args
     )

@@ -92,26 +92,16 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
             "echo",
             "unsupported_value",
         )
-    plans = [
-        sampling.plan(
-            ctx.async_omni,
-            text_stage,
-            max_tokens=body.max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty,
-            logit_bias=body.logit_bias,
-            seed=None if body.seed is None else body.seed + j,
-            stop=body.stop,
-            stage_sampling=body.stage_sampling,
-            logprobs=body.logprobs,
-            prompt_logprobs=body.logprobs if scored else None,
-            text_final=True,
-        )
-        for j in range(n)
-    ]
+    plans = sampling.choice_plans(
+        ctx.async_omni,
+        text_stage,
+        body,
+        n,
+        max_tokens=body.max_tokens,
+        logprobs=body.logprobs,
+        prompt_logprobs=body.logprobs if scored else None,
+        text_final=True,
+    )
     request_id = new_id("cmpl")
     choices: list[_Choice] = []
     for i, prompt in enumerate(prompts):

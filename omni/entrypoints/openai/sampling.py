@@ -94,6 +94,42 @@ def plan(
     return Plan(params, stop_strings)
 
 
+def choice_plans(
+    async_omni: Any,
+    text_stage: str,
+    body: Any,
+    n: int,
+    *,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    text_final: bool,
+) -> list[Plan]:
+    """One Plan per choice of a chat or completions request (its OpenAI sampling fields, from
+    `body`); choice j of a request with a `seed` samples with seed + j, so that the choices
+    differ and each equals the same request alone with that seed."""
+    return [
+        plan(
+            async_omni,
+            text_stage,
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            logit_bias=body.logit_bias,
+            seed=None if body.seed is None else body.seed + j,
+            stop=body.stop,
+            stage_sampling=body.stage_sampling,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            text_final=text_final,
+        )
+        for j in range(n)
+    ]
+
+
 def check_context(
     async_omni: Any, text_stage: str, prompt: PromptInput, max_tokens: int | None, param: str
 ) -> None:
