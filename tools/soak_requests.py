@@ -8,6 +8,8 @@ tools/soak_misbehave.py):
   chat_audio_stream  streamed chat, text + pcm16 audio out (time to first audio)
   speech             /v1/audio/speech, pcm, streamed bytes (time to first audio)
   completions        /v1/completions, text (variant: streamed or not)
+  chat_choices       chat_text with n=2, logprobs (top 2) and a stop string never met: every
+                     choice must answer as chat_text, its logprobs one per token
   cache_salt         chat_text with a `cache_salt` (one of four): must answer as chat_text
   disconnect         the client leaves mid-request (four ways, see `soak_misbehave.disconnect`)
   bad                a malformed request: must be answered with its 4xx naming the field
@@ -32,7 +34,8 @@ import openai
 MODEL = "tiny-omni"
 VOICES = ("Ethan", "Chelsie")
 KINDS = {  # kind -> share of the requests
-    "chat_text": 0.18,
+    "chat_text": 0.12,
+    "chat_choices": 0.06,
     "chat_audio_in": 0.10,
     "chat_audio_stream": 0.14,
     "speech": 0.08,
@@ -44,6 +47,7 @@ KINDS = {  # kind -> share of the requests
 REFERENCE_KIND = {
     "chat_text": "chat_text",
     "cache_salt": "chat_text",
+    "chat_choices": "chat_text",
     "chat_audio_in": "chat_audio_in",
     "chat_audio_stream": "chat_audio_stream",
     "speech": "speech",
@@ -160,6 +164,7 @@ class Sender:
         self._kinds: dict[str, Callable[[Job], Awaitable[Reply]]] = {
             "chat_text": self._chat_text,
             "cache_salt": self._cache_salt,
+            "chat_choices": self._chat_choices,
             "chat_audio_in": self._chat_audio_in,
             "chat_audio_stream": self._chat_audio_stream,
             "speech": self._speech,
@@ -220,6 +225,22 @@ class Sender:
     async def _cache_salt(self, job: Job) -> Reply:
         salt = f"user-{job.variant % 4}"
         return await self._chat_text(job, extra_body={"cache_salt": salt})
+
+    async def _chat_choices(self, job: Job) -> Reply:
+        asked = dict(n=2, logprobs=True, top_logprobs=2, stop=["\x00never\x00"])
+        texts, counts = ["", ""], [0, 0]
+        if job.variant % 2:
+            async for chunk in await self.chat(job, stream=True, **asked):
+                for c in chunk.choices:
+                    texts[c.index] += c.delta.content or ""
+                    counts[c.index] += len(c.logprobs.content) if c.logprobs else 0
+        else:
+            out = await self.chat(job, **asked)
+            texts = [c.message.content for c in out.choices]
+            counts = [len(c.logprobs.content) for c in out.choices]
+        if texts[0] != texts[1] or not 0 < counts[0] == counts[1] <= self.max_tokens:
+            raise AssertionError(f"greedy choices differ: {texts} with {counts} logprobs")
+        return Reply(Answer(texts[0]))
 
     async def _chat_audio_in(self, job: Job) -> Reply:
         out = await self.chat(job, messages=_audio_messages(job.prompt))
