@@ -1,7 +1,8 @@
 """POST /v1/chat/completions: text, or text + audio (`modalities: ["text", "audio"]`).
 
 `n` choices (text only for n > 1; choice j of a request with a `seed` samples with seed + j),
-each its own request, sharing the prompt through the prefix cache. Non-streaming: `message.content` is the text stage's text, `message.audio` the
+each its own request, sharing the prompt through the prefix cache (omni/entrypoints/openai/
+chat_choice.py). Non-streaming: `message.content` is the text stage's text, `message.audio` the
 vocoder's waveform `{id, data (base64 wav or pcm16), expires_at, transcript}`, from the
 whole-sequence path (the waveform transformers produces). Streaming: a role chunk, the text as
 the text stage generates it, the audio as the vocoder decodes it, the finish reason, an optional
