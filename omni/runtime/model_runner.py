@@ -109,18 +109,25 @@ class ModelRunner:
     def profile_forward(self, num_tokens: int, num_sample_rows: int) -> None:
         """The largest step the scheduler can make, for memory profiling: one sequence of
         num_tokens fed tokens, then the logits and sampling of num_sample_rows rows, all with
-        top-k, top-p (the costliest path: a full-vocabulary sort, softmax, cumsum, masks) and
-        logprobs. Needs ceil(num_tokens / block_size) KV blocks; nothing is cached or returned."""
+        top-k, top-p (the costliest path: a full-vocabulary sort, softmax, cumsum, masks),
+        penalties, a logit bias and logprobs: the peak holds the penalties' counts of
+        num_sample_rows requests (serving that many penalized requests needs them; their slots
+        are freed after). Needs ceil(num_tokens / block_size) KV blocks; nothing is cached or
+        returned."""
         batch = self._dummy_batch("__profile__", num_tokens)
         outputs = self.model.forward(batch.model_inputs)
         rows = max(1, min(num_sample_rows, num_tokens))
         logits = self.model.compute_logits(outputs.hidden_states[-rows:])
         # A top_k past TOP_K_CAP sorts the whole vocabulary: with top-p, the largest path.
         costliest = SamplingParams(
-            temperature=1.0, top_k=TOP_K_CAP + 1, top_p=0.9, logprobs=MAX_LOGPROBS
-        )
-        ids = self.sampler.sample(logits, [costliest] * rows, [0] * rows)
-        logprob_frames(logits, ids, [costliest] * rows)
+            temperature=1.0, top_k=TOP_K_CAP + 1, top_p=0.9, logprobs=MAX_LOGPROBS,
+            presence_penalty=0.5, logit_bias={0: 1.0},
+        )  # fmt: skip
+        request_ids = [f"__profile__{i}" for i in range(rows)]
+        params = [costliest] * rows
+        ids = self.sampler.sample(logits, params, [0] * rows, adjusted=request_ids)
+        logprob_frames(logits, ids, params)
+        self.sampler.penalties.release(request_ids)
 
     def _dummy_batch(self, request_id: str, num_tokens: int) -> PackedBatch:
         """A batch of one sequence of num_tokens zeros in blocks 0, 1, ... (no request kept)."""

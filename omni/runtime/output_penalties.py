@@ -7,8 +7,10 @@ not the prompt). What each penalized request has generated is a row of one [slot
 count tensor on the logits' device, added to from the sampled ids where they are (a step
 launched before its ids were read counts them too), so nothing here waits for the device. A
 row lives from the request's first penalized step to its release (finished or aborted), across
-preemptions: recomputing a prompt samples nothing again. The counts are outside the stage's
-memory profile: vocab x 4 bytes per penalized request running (0.6 MB at a 152k vocabulary).
+preemptions: recomputing a prompt samples nothing again. The counts take vocab x 4 bytes per
+penalized request running (0.6 MB at a 152k vocabulary); the stage's memory profile samples
+its largest step with penalties (ModelRunner.profile_forward), so the peak it measures holds
+the counts of that many requests.
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ class _RecordingSampler(Sampler):
         return super().sample(logits, params, num_output_tokens, **kwargs)
 
 
-def test_profile_forward_samples_top_k_top_p_and_logprobs_rows():
+def test_profile_forward_samples_the_costliest_rows():
     gpu = FakeGpu(allocated=0, total=1, free=1)
     model = _TinyModel(gpu, forward_bytes=0, extra_bytes=0)
     runner = ModelRunner(model, num_blocks=8, block_size=16, output_cache=None)
@@ -133,7 +133,12 @@ def test_profile_forward_samples_top_k_top_p_and_logprobs_rows():
     # (not topk's few columns), the most logprobs.
     for params in runner.sampler.params:
         assert not params.greedy and params.top_k > TOP_K_CAP and params.top_p < 1
-        assert params.logprobs == MAX_LOGPROBS
+        assert params.logprobs == MAX_LOGPROBS and params.penalized and params.logit_bias
+    # The step allocated the penalties' counts of 32 requests (in the profiled peak); no slot
+    # is held after it.
+    penalties = runner.sampler.penalties
+    assert penalties.counts is not None and penalties.counts.shape[0] >= 32
+    assert penalties._slots == {}
 
 
 def test_a_trial_capture_of_cuda_graphs_counts_in_the_peak():
