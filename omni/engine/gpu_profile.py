@@ -179,8 +179,8 @@ def profile_stage(
     """The footprint of a stage whose model is loaded on `device`: one forward of num_tokens
     tokens, the logits and costliest sampling (ModelRunner.profile_forward) of num_sample_rows
     rows, then the adapter's `profile_extra_work` (e.g. its encoders on a largest item), against
-    `baseline`; capture:
-    the trial capture of its CUDA graphs (graph_plan.trial_capture), None when it has none."""
+    `baseline`; capture: the trial capture of its CUDA graphs (graph_plan.trial_capture), None
+    when it has none."""
     from omni.runtime.model_runner import ModelRunner  # the engine layer's only runtime peek
 
     def run() -> int:
