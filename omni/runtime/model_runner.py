@@ -121,7 +121,7 @@ class ModelRunner:
         # A top_k past TOP_K_CAP sorts the whole vocabulary: with top-p, the largest path.
         costliest = SamplingParams(
             temperature=1.0, top_k=TOP_K_CAP + 1, top_p=0.9, logprobs=MAX_LOGPROBS,
-            presence_penalty=0.5, logit_bias={0: 1.0},
+            presence_penalty=0.5, logit_bias=((0, 1.0),),
         )  # fmt: skip
         request_ids = [f"__profile__{i}" for i in range(rows)]
         params = [costliest] * rows
