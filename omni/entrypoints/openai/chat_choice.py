@@ -12,7 +12,6 @@ from typing import Any
 
 from omni.entrypoints.openai import audio_encoding, sampling, streaming
 from omni.entrypoints.openai.context import Context, new_id
-from omni.entrypoints.openai.errors import from_exception
 from omni.entrypoints.openai.logprobs import LogprobCursor
 from omni.entrypoints.openai.protocol import ChatCompletionRequest
 from omni.entrypoints.snapshot_cursor import SnapshotCursor, SnapshotNews
@@ -173,11 +172,10 @@ async def stream(choices: list[ChatChoice], runs: list[Any], timer: Any) -> Asyn
                 lasts[index] = out
                 for piece in choices[index].on_snapshot(out, timer):
                     yield piece
-        try:
-            outs = [streaming.check(last) for last in lasts]
-        except Exception as e:  # noqa: BLE001 - reported in the stream, the status is sent
-            yield streaming.sse(from_exception(e).body())
-            yield streaming.DONE
+        outs, failure = streaming.checked_or_error(lasts)
+        if failure:
+            for piece in failure:
+                yield piece
             return
         ok = True
         for choice, out in zip(choices, outs, strict=True):

@@ -19,7 +19,7 @@ from starlette.requests import Request
 
 from omni.entrypoints.openai import sampling, streaming
 from omni.entrypoints.openai.context import Context, new_id
-from omni.entrypoints.openai.errors import bad_request, from_exception
+from omni.entrypoints.openai.errors import bad_request
 from omni.entrypoints.openai.logprobs import LogprobCursor
 from omni.entrypoints.openai.protocol import CompletionRequest
 from omni.entrypoints.snapshot_cursor import SnapshotCursor
@@ -150,11 +150,10 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
                     if delta:
                         timer.first_token()
                         yield streaming.sse(chunk(choice, delta, None))
-            try:
-                outs = [streaming.check(c.last) for c in choices]
-            except Exception as e:  # noqa: BLE001 - reported in the stream, the status is sent
-                yield streaming.sse(from_exception(e).body())
-                yield streaming.DONE
+            outs, failure = streaming.checked_or_error([c.last for c in choices])
+            if failure:
+                for piece in failure:
+                    yield piece
                 return
             ok = True
             for choice, out in zip(choices, outs, strict=True):

@@ -103,6 +103,15 @@ async def collect_all(runs: list[Any], timer: Any) -> list[OmniOutput]:
         timer.done(ok=ok)
 
 
+def checked_or_error(lasts: list[OmniOutput | None]) -> tuple[list[OmniOutput], list[bytes]]:
+    """A stream's end: every choice's finished output (`check`), or none and the events that
+    end the stream with the first failure (its status was sent already)."""
+    try:
+        return [check(last) for last in lasts], []
+    except Exception as e:  # noqa: BLE001 - reported in the stream
+        return [], [sse(from_exception(e).body()), DONE]
+
+
 def check(out: OmniOutput | None) -> OmniOutput:
     """The finished output, or the error a failed request maps to (503: a stage is down)."""
     if out is None:
