@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from omni.config import ConfigError, OmniConfig
+from omni.core.logprobs import TokenLogprobs
 from omni.messages import OmniOutput, StageResult
 
 EXIT_CONFIG = 2
@@ -215,14 +216,24 @@ def as_json(
                 "num_prompt_tokens": r.num_prompt_tokens,
                 "num_cached_tokens": r.num_cached_tokens,
                 **{k: round(v, 6) for k, v in r.timings.items()},
-                # sampling.logprobs set: [logprob, [[token id, logprob], ...]] per token
-                **(
-                    {"logprobs": [[e.logprob, list(e.top)] for e in r.logprobs]}
-                    if r.logprobs
-                    else {}
-                ),
+                **_logprobs(r),
             }
             for name, r in output.stages.items()
         },
         "audio": audio,
     }
+
+
+def _logprobs(result: StageResult) -> dict[str, Any]:
+    """sampling.logprobs / prompt_logprobs set: [logprob, [[token id, logprob], ...]] per token
+    (null for the first prompt token)."""
+
+    def rows(entries: list[TokenLogprobs | None]) -> list[Any]:
+        return [None if e is None else [e.logprob, [list(t) for t in e.top]] for e in entries]
+
+    out = {}
+    if result.logprobs is not None:
+        out["logprobs"] = rows(list(result.logprobs))
+    if result.prompt_logprobs is not None:
+        out["prompt_logprobs"] = rows(result.prompt_logprobs)
+    return out

@@ -72,10 +72,14 @@ def test_chat_template_by_default_raw_without(chat_model, capsys):
     assert templated["text"] == chat.final.text and templated["error"] is None
     assert "logprobs" not in stage
     asked = _run_json(capsys, "--model", chat_model, "--prompt", "hi", "--set",
-                      "stages.llm.sampling.logprobs=2")  # fmt: skip
+                      "stages.llm.sampling.logprobs=2", "--set",
+                      "stages.llm.sampling.prompt_logprobs=1")  # fmt: skip
     logprobs = asked["stages"]["llm"]["logprobs"]
     assert [top[0][0] for _, top in logprobs] == stage["token_ids"]  # greedy: its own first
     assert all(len(top) == 2 and lp == top[0][1] for lp, top in logprobs)
+    prompt = asked["stages"]["llm"]["prompt_logprobs"]
+    assert len(prompt) == len(ids) and prompt[0] is None
+    assert all(len(top) == 1 and lp <= top[0][1] for lp, top in prompt[1:])
 
 
 def test_a_pool_the_machine_cannot_hold_exits_2(qwen2_dir, capsys):
