@@ -178,3 +178,34 @@ def test_prompt_logprobs_equal_transformers(qwen2_dir, prompt_oracle, name):
     assert stats["kv_hit_tokens"] > 0  # the plain requests still hit
     if name == "tiny-pool":
         assert stats["preemptions"] > 0
+
+
+def test_asking_for_logprobs_changes_nothing_else_in_the_omni_pipeline(omni_dir):
+    """Qwen2.5-Omni (tiny, CPU): the thinker's logprobs and prompt logprobs, and the talker's,
+    beside the same request without them: equal thinker tokens, talker codes and waveform; the
+    greedy thinker's own token is its top alternative."""
+    from helpers import OMNI_ON_CPU
+
+    from omni import Omni
+
+    def params(**asked: int) -> list[SamplingParams]:
+        return [
+            SamplingParams(max_tokens=6, ignore_eos=True, **asked),
+            SamplingParams(max_tokens=8, logprobs=asked.get("logprobs")),
+            SamplingParams(max_tokens=1, seed=0),
+        ]
+
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU) as omni:
+        (plain,) = omni.generate(["hello there"], params(), use_tqdm=False)
+        (asked,) = omni.generate(["hello there"], params(logprobs=2, prompt_logprobs=1),
+                                 use_tqdm=False)  # fmt: skip
+    thinker, talker = asked.stages["thinker"], asked.stages["talker"]
+    assert thinker.token_ids == plain.stages["thinker"].token_ids
+    assert talker.token_ids == plain.stages["talker"].token_ids
+    assert torch.equal(asked.final.audio, plain.final.audio)
+    assert thinker.logprobs is not None and talker.logprobs is not None
+    assert [e.top[0][0] for e in thinker.logprobs] == thinker.token_ids
+    assert len(talker.logprobs) == len(talker.token_ids)
+    assert thinker.prompt_logprobs is not None and thinker.prompt_logprobs[0] is None
+    assert len(thinker.prompt_logprobs) == len(thinker.prompt_token_ids)
+    assert plain.stages["thinker"].logprobs is None
