@@ -20,6 +20,9 @@ OUTPUT_CACHE_DEVICES = ("cpu", "cuda")
 # memory profile's trial, then the real one) for batches whose kernels run long enough that the
 # launches matter less.
 DEFAULT_MAX_GRAPH_BATCH = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+CPU_MAX_NUM_BATCHED_CODES = 256  # a generation stage's step on the CPU: ~1.5 s of 3 50-code chunks
+GPU_MAX_NUM_BATCHED_CODES = 1 << 20  # on a GPU: only max_num_seqs bounds a batch
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,11 @@ class EngineConfig:
     memory available when the stage starts, or a number of bytes (> 1)."""
     max_num_seqs: int = 32
     """Most requests running in one step."""
-    max_num_batched_tokens: int = 2048
-    """Most tokens fed in one step; longer prompts are prefilled in chunks. A generation stage:
-    most codes decoded in one step, chunks with their context and padding (one item always runs)."""
+    max_num_batched_tokens: int | None = None
+    """Most tokens fed in one step; longer prompts are prefilled in chunks (null: 2048). A
+    generation stage: most codes decoded in one step, chunks with their context and padding, one
+    item always running (null: 256 on the CPU, where a long step holds back the stages sharing
+    its thread; on a GPU no bound but max_num_seqs, since a batch of chunks costs about one)."""
     max_model_len: int | None = None
     """Longest sequence (prompt + generated tokens) a request may reach; null means the
     checkpoint's max_position_embeddings (4096 when it has none)."""
@@ -92,9 +97,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs"):
             require(getattr(self, name) >= 1, self, name, "an integer >= 1")
-        for name in ("num_blocks", "max_model_len", "max_graph_batch"):
+        for name in ("num_blocks", "max_model_len", "max_graph_batch", "max_num_batched_tokens"):
             ok = getattr(self, name) is None or getattr(self, name) >= 1
             require(ok, self, name, "an integer >= 1 or null")
         ok = math.isfinite(self.kv_cache_memory) and self.kv_cache_memory > 0
@@ -125,6 +130,17 @@ class EngineConfig:
         """max_graph_batch with its null default resolved, never above max_num_seqs."""
         limit = DEFAULT_MAX_GRAPH_BATCH if self.max_graph_batch is None else self.max_graph_batch
         return min(self.max_num_seqs, limit)
+
+    def resolved_max_num_batched_tokens(
+        self, generation: bool = False, on_gpu: bool = False
+    ) -> int:
+        """max_num_batched_tokens with its null default resolved: an ar stage's does not depend on
+        the device; a generation stage's does (on_gpu)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        if not generation:
+            return DEFAULT_MAX_NUM_BATCHED_TOKENS
+        return GPU_MAX_NUM_BATCHED_CODES if on_gpu else CPU_MAX_NUM_BATCHED_CODES
 
     def resolved_dtype(self, on_gpu: bool) -> str:
         """The dtype with the null default resolved for the stage's device."""

@@ -169,7 +169,7 @@ def gpu_num_blocks(
         raise ConfigError(
             f"{where}.gpu_memory_utilization={utilization:g} of the GPU's {total_bytes:,} bytes "
             f"is {share:,} bytes; the weights and a forward of max_num_batched_tokens="
-            f"{engine.max_num_batched_tokens} take {peak_bytes:,}, leaving "
+            f"{engine.resolved_max_num_batched_tokens()} take {peak_bytes:,}, leaving "
             f"{max(share - peak_bytes, 0):,} bytes: {num_blocks} KV blocks of {block_bytes:,} "
             f"bytes, but one sequence of max_model_len={max_model_len} needs {blocks_per_seq}; "
             "raise gpu_memory_utilization, or lower max_model_len or max_num_batched_tokens"

@@ -8,8 +8,9 @@ and `look_ahead` more have come, or the input is complete (the last chunk takes 
 A step takes each stream's next ready chunk and the oldest whole request (`Work` items), or the
 oldest whole requests where the engine batches them (`max_whole`), up to `engine.max_num_seqs`
 of them ranked by chunk index, then arrival, and at most `engine.max_num_batched_tokens` codes in
-all (a window counted with its context, a batch as its longest window times its size, since
-shorter ones are padded to it; the chunks and the whole requests are two batches): a request's
+all (null: 256 on the CPU, no bound on a GPU; a window counted with its context, a batch as its
+longest window times its size, since shorter ones are padded to it; the chunks and the whole
+requests are two batches): a request's
 first audio goes ahead of other requests' later chunks, and a whole request counts as chunk 0.
 Each decode also sees `left_context` codes before its chunk and the `look_ahead` after.
 """
@@ -75,10 +76,15 @@ class Work:
 
 
 class ChunkSchedule:
-    def __init__(self, config: StageConfig, model: GenerationModel, max_whole: int = 1) -> None:
+    def __init__(
+        self, config: StageConfig, model: GenerationModel, max_whole: int = 1, max_codes: int = 0
+    ) -> None:
         self.config = config
         self.model = model
         self.max_whole = max_whole  # whole requests per step: 1, or more decoded as one batch
+        # Codes per step (engine.max_num_batched_tokens, its null resolved for the device; 0:
+        # resolved here, for the CPU).
+        self.max_codes = max_codes or config.engine.resolved_max_num_batched_tokens(True)
 
     def schedule(
         self, pending: Mapping[str, tuple[StageInput, float, int]], streams: Mapping[str, Stream]
@@ -109,7 +115,7 @@ class ChunkSchedule:
                 cost = (num_whole + 1) * max(whole_longest, size) + num_chunks * longest
             else:
                 cost = num_whole * whole_longest + (num_chunks + 1) * max(longest, size)
-            if taken and cost > self.config.engine.max_num_batched_tokens:
+            if taken and cost > self.max_codes:
                 break
             taken.append(item)
             if item.end == 0:

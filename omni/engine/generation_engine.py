@@ -72,9 +72,9 @@ class GenerationEngine:
         self._pending: OrderedDict[str, tuple[StageInput, float, int]] = OrderedDict()
         self._streams: dict[str, Stream] = {}
         max_whole = config.engine.max_num_seqs if self.batch_whole else 1
-        self.chunk_schedule = ChunkSchedule(config, model, max_whole)
-        self._order = itertools.count()
-        self.counts = GenerationStats()
+        codes = config.engine.resolved_max_num_batched_tokens(generation=True, on_gpu=on_gpu)
+        self.chunk_schedule = ChunkSchedule(config, model, max_whole, codes)
+        self._order, self.counts = itertools.count(), GenerationStats()
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, stage_input: StageInput) -> None:

@@ -86,7 +86,7 @@ def trial_capture(
             device=device,
             padded_decode=True,
             max_num_seqs=engine.max_num_seqs,
-            max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_num_batched_tokens=engine.resolved_max_num_batched_tokens(),
             max_model_len=max_model_len,
             max_graph_batch=engine.graph_batch_limit,
         )

@@ -94,7 +94,9 @@ class StageEngine:
             outputs_cached=engine.outputs_cached,
         )
         self.scheduler = Scheduler(
-            SchedulerConfig(engine.max_num_seqs, engine.max_num_batched_tokens, self.max_model_len),
+            SchedulerConfig(
+                engine.max_num_seqs, engine.resolved_max_num_batched_tokens(), self.max_model_len
+            ),
             self.kv,
             hit_filter=self.rows.usable_hits if engine.enable_prefix_caching else None,
         )
@@ -107,7 +109,7 @@ class StageEngine:
             device=device,
             padded_decode=padded,
             max_num_seqs=engine.max_num_seqs,
-            max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_num_batched_tokens=engine.resolved_max_num_batched_tokens(),
             max_model_len=self.max_model_len,
             max_graph_batch=engine.graph_batch_limit,
         )

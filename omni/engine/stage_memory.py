@@ -126,7 +126,7 @@ def gpu_pool_num_blocks(
     footprint = profile_stage(
         model,
         block_size=engine.block_size,
-        num_tokens=min(engine.max_num_batched_tokens, max_model_len),
+        num_tokens=min(engine.resolved_max_num_batched_tokens(), max_model_len),
         num_sample_rows=engine.max_num_seqs,
         device=device,
         baseline=baseline_bytes,

@@ -55,7 +55,7 @@ def test_graph_replay_equals_transformers_and_eager(family, name):
         )
     stats = graphs.stats()
     engine = graphs.config.engine
-    max_suffix = min(engine.max_num_batched_tokens, engine.max_model_len or 4096)
+    max_suffix = min(engine.resolved_max_num_batched_tokens(), engine.max_model_len or 4096)
     num_shapes = len(batch_ladder(engine.graph_batch_limit)) + len(suffix_ladder(max_suffix))
     # Plus a long-context graph (keys split) for each shape whose grid would split.
     decode_graphs = graphs.runner.decode_graphs

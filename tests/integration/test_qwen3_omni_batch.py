@@ -61,7 +61,8 @@ def _run(engine: GenerationEngine, inputs: list[StageInput]) -> dict[str, torch.
 def test_one_step_decodes_all_requests_as_one_batch(qwen3_dir, adapter):
     inputs = _inputs(adapter)
     alone = {s.request_id: adapter.generate(s, 0) for s in inputs}
-    batched = _engine(qwen3_dir, adapter, batch_whole_requests=True, max_num_seqs=8)
+    batched = _engine(qwen3_dir, adapter, batch_whole_requests=True, max_num_seqs=8,
+                      max_num_batched_tokens=4096)  # fmt: skip  # the CPU's default is 256
     audio = _run(batched, inputs)
     assert batched.num_steps == 1 and batched.stats()["finished"] == len(LENGTHS)
     for request_id, wav in alone.items():
