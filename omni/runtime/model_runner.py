@@ -32,7 +32,13 @@ from omni.runtime.launched_step import FedIds, LaunchedStep
 from omni.runtime.output_cache import OutputCache
 from omni.runtime.sampler import TOP_K_CAP, Sampler
 from omni.runtime.stage_model import StageModel
-from omni.runtime.token_logprobs import LogprobFrames, logprob_frames, prompt_logprob_frames
+from omni.runtime.token_logprobs import (
+    PROMPT_CHUNK,
+    LogprobFrames,
+    frames_of,
+    logprob_frames,
+    prompt_logprob_frames,
+)
 from omni.runtime.tracked_requests import Tracked, TrackedRequests
 
 logger = logging.getLogger(__name__)
@@ -112,8 +118,8 @@ class ModelRunner:
         top-k, top-p (the costliest path: a full-vocabulary sort, softmax, cumsum, masks),
         penalties, a logit bias and logprobs: the peak holds the penalties' counts of
         num_sample_rows requests (serving that many penalized requests needs them; their slots
-        are freed after). Needs ceil(num_tokens / block_size) KV blocks; nothing is cached or
-        returned."""
+        are freed after); then a prompt-logprobs chunk's logits. Needs ceil(num_tokens /
+        block_size) KV blocks; nothing is cached or returned."""
         batch = self._dummy_batch("__profile__", num_tokens)
         outputs = self.model.forward(batch.model_inputs)
         rows = max(1, min(num_sample_rows, num_tokens))
@@ -128,6 +134,11 @@ class ModelRunner:
         ids = self.sampler.sample(logits, params, [0] * rows, adjusted=request_ids)
         logprob_frames(logits, ids, params)
         self.sampler.penalties.release(request_ids)
+        del logits, ids
+        # A scoring request's prompt rows: their logits PROMPT_CHUNK rows at a time.
+        scored = min(PROMPT_CHUNK, num_tokens)
+        zeros = torch.zeros(scored, dtype=torch.int64, device=self.device)
+        frames_of(self.model.compute_logits(outputs.hidden_states[:scored]), zeros, MAX_LOGPROBS)
 
     def _dummy_batch(self, request_id: str, num_tokens: int) -> PackedBatch:
         """A batch of one sequence of num_tokens zeros in blocks 0, 1, ... (no request kept)."""

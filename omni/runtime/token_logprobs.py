@@ -40,7 +40,7 @@ def logprob_frames(
     if len(rows) != len(params):
         (index,) = upload([np.asarray(rows, dtype=np.int64)], logits.device)
         logits, token_ids = logits.index_select(0, index), token_ids.index_select(0, index)
-    return _frames(logits, token_ids, max(counts)), rows, counts
+    return frames_of(logits, token_ids, max(counts)), rows, counts
 
 
 def prompt_logprob_frames(
@@ -70,11 +70,12 @@ def prompt_logprob_frames(
     for start in range(0, len(rows), PROMPT_CHUNK):
         logits = compute_logits(hidden.index_select(0, index[start : start + PROMPT_CHUNK]))
         counts = [min(k, logits.shape[1]) for k in counts]
-        parts.append(_frames(logits, target[start : start + PROMPT_CHUNK], max(counts)))
+        parts.append(frames_of(logits, target[start : start + PROMPT_CHUNK], max(counts)))
     return torch.cat(parts), owners, counts
 
 
-def _frames(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> torch.Tensor:
+def frames_of(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """[rows, 1 + 2k] float64: each row's logprob of its token, its top k and their ids."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     parts = [logprobs.gather(1, token_ids.unsqueeze(1))]
     if k:

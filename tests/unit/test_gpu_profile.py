@@ -103,7 +103,8 @@ def test_profile_stage_counts_extra_work_and_reserve(extra_mib):
         baseline=9 * GiB,
         readings=gpu.readings(),
     )
-    assert model.extra_runs == 1 and model.logit_rows == [32]
+    # The sampled rows' logits, then a prompt-logprobs chunk's (all 100 rows: under 256).
+    assert model.extra_runs == 1 and model.logit_rows == [32, 100]
     assert footprint.weights_bytes == GiB and footprint.reserved_bytes == 3 * MiB
     # The larger of the forward and the extra work (they run one after the other).
     assert footprint.activation_bytes == max(20, extra_mib) * MiB
@@ -128,7 +129,7 @@ def test_profile_forward_samples_the_costliest_rows():
     runner = ModelRunner(model, num_blocks=8, block_size=16, output_cache=None)
     runner.sampler = _RecordingSampler()
     runner.profile_forward(100, 32)
-    assert model.logit_rows == [32] and len(runner.sampler.params) == 32
+    assert model.logit_rows == [32, 100] and len(runner.sampler.params) == 32
     # The costliest path: not greedy, both filters, a top_k that sorts the whole vocabulary
     # (not topk's few columns), the most logprobs.
     for params in runner.sampler.params:
