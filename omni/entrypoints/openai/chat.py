@@ -120,6 +120,8 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         ChatChoice(ctx, body, request_id, text_stage, plan, want_audio, j)
         for j, plan in enumerate(plans)
     ]
+    for choice in choices[1:]:  # one completion: every chunk has the same `created`
+        choice.created = choices[0].created
     # Streamed audio takes the streaming path; a non-streamed response keeps the exact one.
     runs = [
         ctx.async_omni.run(
