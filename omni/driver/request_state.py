@@ -125,9 +125,10 @@ class RequestState:
         self.results[stage] = result
         return result
 
-    def stop_result(self, prompt_token_ids: list[int], decode: Decode) -> StageResult | None:
+    def stop_result(self, root: bool, decode: Decode) -> StageResult | None:
         """The final stage's result cut at the first stop string its text now holds (the tokens
-        through the one that completed it, the text before it), or None."""
+        through the one that completed it, the text before it), or None. root: the stage reads
+        the request's prompt (else its prompt is its upstream's, unknown here)."""
         stage, tokens = self.final, self.tokens.get(self.final)
         if self.stop is None or not tokens:
             return None
@@ -137,6 +138,7 @@ class RequestState:
             return None
         num_tokens = stopped_tokens(tokens, found[1], lambda ids: decode(stage, ids))
         logprobs = self.logprobs.get(stage)
+        prompt_token_ids = list(self.prompt.prompt_token_ids) if root else []
         return StageResult(
             self.prompt.request_id, stage, prompt_token_ids, tokens[:num_tokens], "stopped",
             num_cached_tokens=self.num_cached.get(stage, 0), text=text[: found[0]],

@@ -204,9 +204,8 @@ class Router:
             return False  # stale
         tracked.record_update(update)
         if tracked.stop is not None and update.stage == tracked.final:
-            stage = self.config.stage(update.stage)
-            prompt_ids = [] if stage.inputs else list(tracked.prompt.prompt_token_ids)
-            stopped = tracked.stop_result(prompt_ids, self.decode)
+            root = not self.config.stage(update.stage).inputs
+            stopped = tracked.stop_result(root, self.decode)
             if stopped is not None:  # its result is the driver's: the stage runs it no more
                 self.backend.abort(update.stage, [update.request_id])
                 tracked.record_finished(stopped, None, self.decode)

@@ -77,14 +77,12 @@ class Work:
 
 class ChunkSchedule:
     def __init__(
-        self, config: StageConfig, model: GenerationModel, max_whole: int = 1, max_codes: int = 0
+        self, config: StageConfig, model: GenerationModel, max_whole: int, max_codes: int
     ) -> None:
         self.config = config
         self.model = model
         self.max_whole = max_whole  # whole requests per step: 1, or more decoded as one batch
-        # Codes per step (engine.max_num_batched_tokens, its null resolved for the device; 0:
-        # resolved here, for the CPU).
-        self.max_codes = max_codes or config.engine.resolved_max_num_batched_tokens(True)
+        self.max_codes = max_codes  # engine.max_num_batched_tokens, resolved for the device
 
     def schedule(
         self, pending: Mapping[str, tuple[StageInput, float, int]], streams: Mapping[str, Stream]

@@ -84,21 +84,13 @@ class LaunchedStep:
                 read, offset = _read(flat, offset, block, counts)
                 for j, entry in zip(rows, read, strict=True):
                     prompt_logprobs.setdefault(scheduled_ids[j], []).append(entry)
-        if self.ids is None:
-            return RunnerOutput(sampled_token_ids={}, prompt_logprobs=prompt_logprobs)
-        if self.codes is None:
-            token_ids = [f[0] for f in frames]
-            return RunnerOutput(
-                sampled_token_ids=dict(zip(request_ids, token_ids, strict=True)),
-                sampled_logprobs=sampled_logprobs,
-                prompt_logprobs=prompt_logprobs,
-            )
-        return RunnerOutput(
-            sampled_token_ids={r: f[0] for r, f in zip(request_ids, frames, strict=True)},
-            sampled_codes={r: tuple(f[1:]) for r, f in zip(request_ids, frames, strict=True)},
-            sampled_logprobs=sampled_logprobs,
-            prompt_logprobs=prompt_logprobs,
-        )
+        if self.ids is None:  # a prompt chunk that samples nothing
+            return RunnerOutput({}, {}, sampled_logprobs, prompt_logprobs)
+        token_ids = dict(zip(request_ids, (f[0] for f in frames), strict=True))
+        codes = {}
+        if self.codes is not None:
+            codes = {r: tuple(f[1:]) for r, f in zip(request_ids, frames, strict=True)}
+        return RunnerOutput(token_ids, codes, sampled_logprobs, prompt_logprobs)
 
     def _id_frames(self) -> torch.Tensor | None:
         if self.ids is None:

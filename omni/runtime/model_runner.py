@@ -8,7 +8,8 @@ Every fed token's per-token outputs are written to the stage-output cache at the
 Devices: the KV cache, the step's inputs and its attention metadata live on the runner's
 device, packed on the host with numpy and sent in ONE non_blocking copy from pinned memory
 (omni/runtime/host_upload.py). `launch` queues a step and `LaunchedStep.result` reads its ids
-(the step's one sync); `execute` is both. Per-request extras stay CPU tensors.
+(the step's one sync); `execute` is both. Per-request extras stay as the stage received them
+(CPU tensors): the adapter moves what it uses to its device.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ class ModelRunner:
     def warm_up(self) -> None:
         """A 2-token forward before serving: every per-token output is discovered (its cache
         allocated) before any block is cached; and a 1-token one, bound to max_model_len: the
-        GPU compiles the decode attention and its key-split combine now, not on a live request."""
+        GPU compiles the decode attention and its key-split combine now, not on a live request.
+        Whatever this writes (free, uncached blocks) is overwritten."""
         batch = self._dummy_batch("__warm_up__", 2)
         outputs = self.model.forward(batch.model_inputs)
         if self.output_cache is not None:

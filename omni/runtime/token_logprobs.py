@@ -69,9 +69,9 @@ def prompt_logprob_frames(
     parts = []
     for start in range(0, len(rows), PROMPT_CHUNK):
         logits = compute_logits(hidden.index_select(0, index[start : start + PROMPT_CHUNK]))
-        counts = [min(k, logits.shape[1]) for k in counts]
-        parts.append(frames_of(logits, target[start : start + PROMPT_CHUNK], max(counts)))
-    return torch.cat(parts), owners, counts
+        k = min(max(counts), logits.shape[1])  # one frame width for every chunk
+        parts.append(frames_of(logits, target[start : start + PROMPT_CHUNK], k))
+    return torch.cat(parts), owners, [min(c, k) for c in counts]
 
 
 def frames_of(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> torch.Tensor:

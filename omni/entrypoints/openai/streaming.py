@@ -72,16 +72,8 @@ async def _disconnected(request: Request) -> None:
 async def collect(outputs: Any, timer: Any) -> OmniOutput:
     """A non-streamed request: run `outputs` (snapshots) to the end, timing it, and return the
     finished output (`check`). Closing early (a client that left) aborts the request."""
-    last = None
-    try:
-        async with contextlib.aclosing(outputs) as snapshots:
-            async for last in snapshots:
-                timer.output()
-                if last.finished and last.final.audio is not None:
-                    timer.first_audio()
-    finally:
-        timer.done(ok=last is not None and last.error is None)
-    return check(last)
+    (out,) = await collect_all([outputs], timer)
+    return out
 
 
 async def collect_all(runs: list[Any], timer: Any) -> list[OmniOutput]:
