@@ -25,8 +25,9 @@ class SamplingParams:
     taken for an integer, nor a string for a number; an integer is fine for a float field.
     """
 
-    max_tokens: int = 16
-    """Maximum number of tokens to generate (>= 1)."""
+    max_tokens: int | None = 16
+    """Maximum number of tokens to generate (>= 1); None: until the end of the stage's context
+    (its max_model_len, or the tokens its KV pool holds for one request, if fewer)."""
     temperature: float = 0.0
     """Finite, >= 0. Below 1e-5 (`GREEDY_BELOW`; 0 included) sampling is greedy (argmax);
     otherwise logits are divided by it before sampling."""
@@ -61,7 +62,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "max_tokens", _integer("max_tokens", self.max_tokens, 1))
+        if self.max_tokens is not None:
+            expected = "an integer >= 1 or None"
+            set_(self, "max_tokens", _integer("max_tokens", self.max_tokens, 1, expected))
         temperature = _number("temperature", self.temperature, lambda t: t >= 0, ">= 0")
         set_(self, "temperature", temperature)
         set_(self, "top_p", _number("top_p", self.top_p, lambda p: 0 < p <= 1, "in (0, 1]"))

@@ -285,7 +285,7 @@ class Scheduler:
             return RequestStatus.FINISHED_STOPPED
         if num_output is None:
             num_output = len(request.output_token_ids)
-        if num_output >= params.max_tokens:
+        if params.max_tokens is not None and num_output >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH
         if request.num_prompt_tokens + num_output >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH

@@ -3,9 +3,12 @@ names the request and the limit (the engine leaves itself and the other requests
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Container
 
 from omni.core.request import Request
+from omni.core.sampling_params import SamplingParams
+from omni.messages import StageInput
 
 
 def check_request(
@@ -38,7 +41,8 @@ def check_request(
             f"request {request_id!r}: logit_bias token id {biased[0]} is outside the vocabulary "
             f"of {vocab_size} (stage {stage!r})"
         )
-    longest = min(max_model_len, request.num_prompt_tokens + request.sampling_params.max_tokens)
+    max_tokens = request.sampling_params.max_tokens
+    longest = min(max_model_len, request.num_prompt_tokens + (max_tokens or max_model_len))
     num_blocks_needed = -(-longest // block_size)
     if num_blocks_needed > num_blocks:
         raise ValueError(
@@ -47,3 +51,14 @@ def check_request(
         )
     if request_id in known:
         raise ValueError(f"request_id {request_id!r} is already in stage {stage!r}")
+
+
+def until_end(stage_input: StageInput, max_request_tokens: int) -> SamplingParams:
+    """The input's sampling params with max_tokens None (until the end of the context) made
+    concrete: the room its prompt leaves in max_request_tokens (the stage's max_model_len, or
+    its KV pool's tokens if fewer: a request needing more than the pool holds is refused)."""
+    params = stage_input.sampling_params
+    if params.max_tokens is not None:
+        return params
+    room = max_request_tokens - len(stage_input.prompt_token_ids)
+    return dataclasses.replace(params, max_tokens=max(room, 1))

@@ -25,7 +25,7 @@ from omni.engine.engine import run_until_done
 from omni.engine.gpu_profile import allocated_bytes
 from omni.engine.graph_plan import capture_step_graphs, fuse_kernels, padded_decode, trial_capture
 from omni.engine.output_rows import OutputRows
-from omni.engine.request_checks import check_request
+from omni.engine.request_checks import check_request, until_end
 from omni.engine.stage_memory import StageMemory
 from omni.engine.step_pipeline import StepPipeline
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
@@ -45,8 +45,7 @@ class StageEngine:
         # Checked even for an injected model: a stage asking for a GPU it has not is an error.
         device = resolve_device(config)
         dtype = resolve_dtype(config, device)
-        # This process's GPU memory before the stage's weights load: its own footprint is
-        # measured against it (on the local backend earlier stages hold the rest).
+        # Its footprint is measured from here (on the local backend, earlier stages hold the rest).
         baseline = allocated_bytes(device)
         if model is None:
             model = get_adapter(config.adapter)(config.model, dtype=dtype, device=device)
@@ -72,6 +71,7 @@ class StageEngine:
             capture=trial_capture(config, model, device, self.max_model_len, padded),
         )
         self.num_blocks = memory.num_blocks
+        self.max_request_tokens = min(self.max_model_len, self.num_blocks * engine.block_size)
         self.kv = KVCacheManager(
             self.num_blocks,
             engine.block_size,
@@ -131,7 +131,7 @@ class StageEngine:
             mm_inputs=stage_input.mm_inputs,
             cache_salt=stage_input.cache_salt,
             generation_key=stage_input.generation_key,
-            sampling_params=stage_input.sampling_params,
+            sampling_params=until_end(stage_input, self.max_request_tokens),
             eos_token_id=self.model.eos_token_id,
         )
         check_request(

@@ -7,7 +7,7 @@
     omni validate [CONFIG] [--model DIR] [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--num-gpus N]
     omni serve [CONFIG] [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
                [--api-key KEY] [--set ...] [--var ...] [--allowed-local-media-path DIR]
-               [--allow-remote-media]
+               [--allow-remote-media] [--max-tokens N]
 
 `--model DIR` is `--var MODEL=DIR` (configs say `model: ${MODEL}/thinker`). `--set` overrides any
 config key by its path, stages by name: `--set stages.thinker.engine.num_blocks=512`
@@ -16,7 +16,8 @@ the message on a bad config; it also prints each stage's placement (device, GPU 
 share, dtype) planned for `--num-gpus` GPUs (default: those this machine shows). `run` and
 `serve` exit the same way before loading any model. `run`, `serve` and `validate` take CONFIG or
 only `--model DIR` (the stage config of the family claiming its model_type, or a one-stage
-causal LM).
+causal LM). `serve --max-tokens N` is the max_tokens of a request that sets none (unset: until
+the context ends, as OpenAI's API); `run --max-tokens N` sets every stage's sampling.max_tokens.
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY`")
     serve.add_argument(
+        "--max-tokens", type=int, metavar="N", help="a request's default max_tokens (unset: no cap)"
+    )
+    serve.add_argument(
         "--allowed-local-media-path",
         metavar="DIR",
         help="image/audio URLs may name local files under DIR",
@@ -171,7 +175,7 @@ def _load(args: argparse.Namespace) -> OmniConfig:
         return load_config(args.config, overrides, variables)
 
     config = load(overrides)
-    if getattr(args, "max_tokens", None) is not None:
+    if args.command == "run" and args.max_tokens is not None:  # serve's is a request default
         # Stage names are only known after a first load; the override then covers every stage.
         names = config.stage_names
         config = load(
@@ -220,10 +224,8 @@ def plan_summary(config: OmniConfig, num_gpus: float) -> str:
         if p.device == "cpu":
             where = "cpu"
         else:
-            source = " (planned)" if p.planned else ""
-            where = (
-                f"cuda, {p.num_gpus:.3g} GPU{source}, memory share {p.gpu_memory_utilization:.3g}"
-            )
+            source, share = " (planned)" if p.planned else "", p.gpu_memory_utilization
+            where = f"cuda, {p.num_gpus:.3g} GPU{source}, memory share {share:.3g}"
         lines.append(f"  {p.name}: {where}, {p.dtype}")
     return "\n".join(lines)
 
@@ -267,6 +269,9 @@ def _serve(args: argparse.Namespace, config: OmniConfig) -> int:
     if args.port < 0 or args.port > 65535:
         print(f"omni: --port must be in 0..65535, got {args.port}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.max_tokens is not None and args.max_tokens < 1:
+        print(f"omni: --max-tokens must be >= 1, got {args.max_tokens}", file=sys.stderr)
+        return EXIT_CONFIG
     media = args.allowed_local_media_path
     if media is not None and not os.path.isdir(media):
         print(f"omni: --allowed-local-media-path {media!r} is not a directory", file=sys.stderr)
@@ -277,6 +282,7 @@ def _serve(args: argparse.Namespace, config: OmniConfig) -> int:
         host=args.host,
         port=args.port,
         api_key=args.api_key,
+        max_tokens=args.max_tokens,
         allowed_local_media_path=media,
         allow_remote_media=args.allow_remote_media,
     )

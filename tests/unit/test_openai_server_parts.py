@@ -24,13 +24,16 @@ from omni.entrypoints.openai.protocol import ChatCompletionRequest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_serve_config_errors_exit_2(tmp_path, capsys):
+def test_serve_config_errors_exit_2(tmp_path, capsys, qwen2_dir):
     assert main(["serve"]) == 2  # neither CONFIG nor --model
     assert "--model" in capsys.readouterr().err
     assert main(["serve", str(tmp_path / "missing.yaml")]) == 2
     assert main(["serve", "--model", str(tmp_path / "no-checkpoint")]) == 2
     bad = ["serve", str(REPO / "stage_configs" / "tiny_causal_lm.yaml"), "--set", "nokey"]
     assert main(bad) == 2
+    capsys.readouterr()
+    assert main(["serve", "--model", qwen2_dir, "--max-tokens", "0"]) == 2  # before it loads
+    assert "--max-tokens must be >= 1, got 0" in capsys.readouterr().err
 
 
 def _error(body: dict) -> dict:

@@ -15,19 +15,28 @@ from omni.entrypoints.async_omni import AsyncOmni
 
 BAD = [
     # bools are never integers
-    ({"max_tokens": True}, "SamplingParams.max_tokens must be an integer >= 1, got True (bool)"),
+    (
+        {"max_tokens": True},
+        "SamplingParams.max_tokens must be an integer >= 1 or None, got True (bool)",
+    ),
     ({"seed": True}, "SamplingParams.seed must be an integer or None, got True (bool)"),
     ({"seed": False}, "SamplingParams.seed must be an integer or None, got False (bool)"),
     ({"top_k": True}, "SamplingParams.top_k must be an integer >= 0, got True (bool)"),
     # strings and floats are not integers
-    ({"max_tokens": "8"}, "SamplingParams.max_tokens must be an integer >= 1, got '8' (str)"),
-    ({"max_tokens": 8.0}, "SamplingParams.max_tokens must be an integer >= 1, got 8.0 (float)"),
-    ({"max_tokens": 0}, "SamplingParams.max_tokens must be an integer >= 1, got 0 (int)"),
+    (
+        {"max_tokens": "8"},
+        "SamplingParams.max_tokens must be an integer >= 1 or None, got '8' (str)",
+    ),
+    (
+        {"max_tokens": 8.0},
+        "SamplingParams.max_tokens must be an integer >= 1 or None, got 8.0 (float)",
+    ),
+    ({"max_tokens": 0}, "SamplingParams.max_tokens must be an integer >= 1 or None, got 0 (int)"),
     ({"top_k": -1}, "SamplingParams.top_k must be an integer >= 0, got -1 (int)"),
     ({"seed": "7"}, "SamplingParams.seed must be an integer or None, got '7' (str)"),
     (
         {"max_tokens": np.array([1, 2])},
-        "SamplingParams.max_tokens must be an integer >= 1, got array([1, 2]) (ndarray)",
+        "SamplingParams.max_tokens must be an integer >= 1 or None, got array([1, 2]) (ndarray)",
     ),
     # strings are not numbers (a raw TypeError from `'0.8' >= 0` before)
     (
@@ -127,6 +136,7 @@ def test_good_values_are_accepted_and_normalized():
     assert type(params.temperature) is float and type(params.top_p) is float
     assert params.stop_token_ids == (4, 9) and all(type(t) is int for t in params.stop_token_ids)
     assert SamplingParams(top_p=1).top_p == 1.0
+    assert SamplingParams(max_tokens=None).max_tokens is None  # until the end of the context
     assert SamplingParams(stop_token_ids=()).stop_token_ids == ()
     hash(params)  # still hashable (frozen, normalized to a tuple)
 

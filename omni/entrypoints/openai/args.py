@@ -19,6 +19,9 @@ class ServerArgs:
     """Image/audio URLs may name local files under this directory (file:// or a plain path)."""
     allow_remote_media: bool = False
     """Fetch http(s) media URLs (timeout and size limit below); rejected otherwise."""
+    max_tokens: int | None = None
+    """max_tokens of a request that sets none (--max-tokens); None: until the end of the
+    context, as OpenAI's API does (the stage config's max_tokens is the Python API's default)."""
     max_body_bytes: int = MAX_BODY_BYTES
     media_timeout_s: float = 10.0
     max_media_bytes: int = 20 * 1024 * 1024

@@ -94,6 +94,7 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         body,
         n,
         max_tokens=body.max_completion_tokens or body.max_tokens,
+        default_max_tokens=ctx.args.max_tokens,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         text_final=not want_audio,
     )

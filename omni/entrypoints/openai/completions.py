@@ -98,6 +98,7 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         body,
         n,
         max_tokens=body.max_tokens,
+        default_max_tokens=ctx.args.max_tokens,
         logprobs=body.logprobs,
         prompt_logprobs=body.logprobs if scored else None,
         text_final=True,

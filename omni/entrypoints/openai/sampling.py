@@ -6,7 +6,10 @@ fields (`max_tokens`/`max_completion_tokens`, `temperature`, `top_p`, `presence_
 `frequency_penalty`, `logit_bias`, `seed`, `stop`, `top_k` as vLLM takes it, and the number of
 logprobs asked for: chat's `top_logprobs` with `logprobs`, completions' `logprobs`) apply to the last
 text stage (the thinker of Qwen2.5-Omni). Fields left out keep the config's value (so
-`temperature` defaults to the config's, which is greedy in the shipped configs, not OpenAI's 1).
+`temperature` defaults to the config's, which is greedy in the shipped configs, not OpenAI's 1),
+except `max_tokens`: a chat, completions or realtime request without it generates until the end
+of the context (EOS, a stop, or the stage's max_model_len), as OpenAI's and vLLM's do, unless
+`omni serve --max-tokens N` sets a server default (`until_end`).
 
 `max_tokens` must fit beside the prompt in the context of the stage it applies to (when that stage
 takes the request's prompt, as the thinker does): a 400 naming it, the prompt length and the
@@ -56,7 +59,12 @@ def plan(
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
     text_final: bool = False,
+    until_end: bool = False,
+    default_max_tokens: int | None = None,
 ) -> Plan:
+    """until_end: a request that sets no max_tokens (nor stage_sampling's for the text stage)
+    gets default_max_tokens (the server's), where None generates until the end of the context
+    as OpenAI's do, instead of the stage config's max_tokens."""
     params = {s.name: s.sampling for s in async_omni.config.stages}
     for name, fields in (stage_sampling or {}).items():
         if name not in params:
@@ -65,6 +73,10 @@ def plan(
                 f"stage_sampling.{name}",
             )
         params[name] = _replace(params[name], fields, f"stage_sampling.{name}")
+
+    def fields_of(stage: str) -> dict[str, Any]:
+        return (stage_sampling or {}).get(stage) or {}
+
     strings = _stop_strings(stop)
     stop_strings = {} if text_final else _stop_tokens(async_omni, strings)
     text: dict[str, Any] = {
@@ -88,8 +100,11 @@ def plan(
     if stop_strings:
         merged = dict.fromkeys(params[text_stage].stop_token_ids) | dict.fromkeys(stop_strings)
         text["stop_token_ids"] = tuple(merged)
-    if min_text_tokens is not None and max_tokens is None:
-        text["max_tokens"] = max(params[text_stage].max_tokens, min_text_tokens)
+    if until_end and max_tokens is None and "max_tokens" not in fields_of(text_stage):
+        text["max_tokens"] = default_max_tokens
+    configured = params[text_stage].max_tokens  # None: until the end, room enough already
+    if min_text_tokens is not None and max_tokens is None and configured is not None:
+        text["max_tokens"] = max(configured, min_text_tokens)
     params[text_stage] = _replace(params[text_stage], text, None)
     return Plan(params, stop_strings)
 
@@ -104,6 +119,7 @@ def choice_plans(
     logprobs: int | None,
     prompt_logprobs: int | None = None,
     text_final: bool,
+    default_max_tokens: int | None,
 ) -> list[Plan]:
     """One Plan per choice of a chat or completions request (its OpenAI sampling fields, from
     `body`); choice j of a request with a `seed` samples with seed + j, so that the choices
@@ -125,6 +141,8 @@ def choice_plans(
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             text_final=text_final,
+            until_end=True,
+            default_max_tokens=default_max_tokens,
         )
         for j in range(n)
     ]

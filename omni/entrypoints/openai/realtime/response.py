@@ -87,7 +87,13 @@ class Response:
         async_omni = ctx.async_omni
         try:
             text_stage = ctx.text_stage("response.output_modalities")
-            plan = sampling.plan(async_omni, text_stage, max_tokens=s.max_output_tokens)
+            plan = sampling.plan(
+                async_omni,
+                text_stage,
+                max_tokens=s.max_output_tokens,
+                until_end=True,
+                default_max_tokens=ctx.args.max_tokens,
+            )
             prepared = await streaming.prepare(async_omni, self.prompt, self.id)
             sampling.check_context(
                 async_omni, text_stage, prepared, s.max_output_tokens, "max_output_tokens"

@@ -4,7 +4,7 @@ object that `session.created` / `session.updated` carry.
 
 Audio is pcm16 at 24 kHz mono both ways, the one PCM format of OpenAI's API. Sampling is the
 stage configs' (the GA protocol has no temperature); `max_output_tokens` caps the text stage, and
-"inf" leaves its configured max_tokens. Fields omni does not implement are accepted only when
+"inf" (the default) runs it to the end of its context (or to `omni serve --max-tokens`). Fields omni does not implement are accepted only when
 they ask for nothing (null, [] or OpenAI's default), and refused naming the field otherwise.
 """
 
@@ -51,7 +51,7 @@ class ResponseSettings:
     voice: str | None
     """The speaker (None: the model's default voice)."""
     max_output_tokens: int | None
-    """The text stage's max_tokens (None: the stage config's)."""
+    """The text stage's max_tokens (None: "inf", until the end of the context)."""
     metadata: dict[str, str] | None = None
     """Echoed in the response object."""
 
@@ -69,7 +69,7 @@ class SessionState:
     turn_detection: TurnDetection | None = TurnDetection()
     """Server VAD settings; None: turns end only at input_audio_buffer.commit."""
     max_output_tokens: int | None = None
-    """The text stage's max_tokens per response (None, "inf": the stage config's)."""
+    """The text stage's max_tokens per response (None: "inf", until the end of the context)."""
 
     def updated(self, ctx: Context, update: events.SessionObject) -> SessionState:
         """This session with `update` applied; OpenAIError (the session unchanged) if refused."""
