@@ -7,6 +7,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from omni.core.json_constraint import JsonCursor
 from omni.core.logprobs import TokenLogprobs
 from omni.core.sampling_params import SamplingParams
 
@@ -65,6 +66,8 @@ class Request:
         )
         self.sampling_params = sampling_params or SamplingParams()
         self.eos_token_id = eos_token_id
+        # SamplingParams.json_schema: its place in the JSON, advanced by every output token.
+        self.constraint: JsonCursor | None = None
         self.output_token_ids: list[int] = []
         # Multi-code steps: the residual codes sampled with each output token (same length as
         # output_token_ids once any step returned codes; RunnerOutput.sampled_codes).
@@ -164,14 +167,20 @@ class Request:
         if isinstance(token_ids, int):  # one sampled token: every decode step, every request
             self.output_token_ids.append(token_ids)
             self._all_token_ids.append(token_ids)
+            if self.constraint is not None:
+                self.constraint.advance(token_ids)
             return
         self.output_token_ids.extend(token_ids)
         self._all_token_ids.extend(token_ids)
+        if self.constraint is not None:
+            self.constraint.replay(self.output_token_ids)
 
     def set_output_token(self, index: int, token_id: int) -> None:
         """The real id of output token `index` (a provisional one until now)."""
         self.output_token_ids[index] = token_id
         self._all_token_ids[len(self.prompt_token_ids) + index] = token_id
+        if self.constraint is not None:  # never: a constrained request is not run ahead
+            self.constraint.replay(self.output_token_ids)
 
     def truncate_outputs(self, num_output_tokens: int) -> None:
         """Keep the first num_output_tokens outputs (those after a stop were provisional)."""
@@ -181,6 +190,8 @@ class Request:
             del self.output_logprobs[index]
         del self._all_token_ids[len(self.prompt_token_ids) + num_output_tokens :]
         self.num_provisional = 0
+        if self.constraint is not None:
+            self.constraint.replay(self.output_token_ids)
 
     def __repr__(self) -> str:
         return (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import operator
@@ -9,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex, cast
 
+from omni.core.json_grammar import compile_schema
 from omni.core.logprobs import MAX_LOGPROBS
 
 GREEDY_BELOW = 1e-5
@@ -59,6 +61,11 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     """The same for each prompt token after the first (given the tokens before it): 0 to 20
     alternatives, None for none. Such a request is prefilled whole (no prefix-cache hits)."""
+    json_schema: str | None = None
+    """Constrain the tokens to JSON that follows this JSON schema (its text, or a dict; the
+    subset in omni/core/json_grammar.py: '{"type": "object"}' is any object): only tokens that
+    keep the text on the way to such a value are sampled, and stop tokens only once it is whole.
+    A schema outside the subset is a ValueError naming where."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -75,6 +82,8 @@ class SamplingParams:
         set_(self, "stop", _stop_strings(self.stop))
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "True or False")
         set_(self, "logit_bias", _logit_bias(self.logit_bias))
+        if self.json_schema is not None:
+            set_(self, "json_schema", _json_schema(self.json_schema))
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
@@ -185,3 +194,13 @@ def _show(value: object) -> str:
 def _check(ok: bool, name: str, value: object, expected: str) -> None:
     if not ok:
         raise ValueError(f"SamplingParams.{name} must be {expected}, got {_show(value)}")
+
+
+def _json_schema(value: object) -> str:
+    """A schema's canonical text (dicts sorted by key); a ValueError naming the field."""
+    try:
+        schema = json.loads(value) if isinstance(value, str) else value
+        compile_schema(schema)
+        return json.dumps(schema, sort_keys=True)
+    except (ValueError, TypeError) as e:  # json's errors are ValueErrors too
+        raise ValueError(f"SamplingParams.json_schema: {e}") from None

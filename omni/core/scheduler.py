@@ -131,6 +131,8 @@ class Scheduler:
                 if start < request.num_prompt_tokens
                 else (),
             )
+            if request.constraint is not None and entry.sample:
+                entry.allowed_tokens = request.constraint.allowed()
             scheduled.append(entry)
             if hit_filter is not None and (start + num_new) // block_size > start // block_size:
                 self._note_pending(request, num_new, pending_rows)  # it fills a block
@@ -188,18 +190,21 @@ class Scheduler:
         self, request: Request, num_new: int, block_ids: list[int], *, is_new: bool
     ) -> ScheduledRequest:
         start = request.num_computed_tokens
+        sample = start + num_new == request.num_tokens
+        constraint = request.constraint if sample else None
         return ScheduledRequest(
             request_id=request.request_id,
             token_ids=request.all_token_ids[start : start + num_new],
             num_computed_tokens=start,
             new_block_ids=block_ids,
             is_new=is_new,
-            sample=start + num_new == request.num_tokens,
+            sample=sample,
             sampling_params=request.sampling_params if is_new else None,
             mm_inputs=request.mm_inputs if is_new else (),
             num_output_tokens=request.num_output_tokens,
             fed_codes=self._fed_codes(request, start, num_new),
             prompt_targets=prompt_targets(request, start, num_new),
+            allowed_tokens=None if constraint is None else constraint.allowed(),
         )
 
     @staticmethod

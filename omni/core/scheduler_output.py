@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omni.core.logprobs import TokenLogprobs
 from omni.core.request import MultiModalInput
@@ -41,6 +42,9 @@ class ScheduledRequest:
     prompt_targets: tuple[int, ...] = ()
     """SamplingParams.prompt_logprobs: the prompt token that follows each of the first
     len(prompt_targets) fed tokens (their logprobs are returned); () otherwise."""
+    allowed_tokens: Any = None
+    """SamplingParams.json_schema, when the step samples: bool[vocab] of the tokens the sample
+    may take (a numpy array: omni/core/json_constraint.py); None otherwise."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
-"""check_request: what a stage refuses before a request is queued, each with a ValueError that
-names the request and the limit (the engine leaves itself and the other requests untouched)."""
+"""A stage's new request: `new_request` builds it (max_tokens None made concrete, its JSON cursor
+when it asks for JSON), `check_request` is what a stage refuses before it is queued, each with a
+ValueError that names the request and the limit (the engine leaves itself and the other
+requests untouched)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,31 @@ from collections.abc import Container
 
 from omni.core.request import Request
 from omni.core.sampling_params import SamplingParams
+from omni.engine.json_outputs import JsonOutputs
 from omni.messages import StageInput
+
+
+def new_request(
+    stage_input: StageInput,
+    max_request_tokens: int,
+    eos_token_id: int | None,
+    json_outputs: JsonOutputs,
+) -> Request:
+    params = until_end(stage_input, max_request_tokens)
+    request = Request(
+        stage_input.request_id,
+        stage_input.prompt_token_ids,
+        mm_inputs=stage_input.mm_inputs,
+        cache_salt=stage_input.cache_salt,
+        generation_key=stage_input.generation_key,
+        sampling_params=params,
+        eos_token_id=eos_token_id,
+    )
+    try:
+        request.constraint = json_outputs.cursor(params)
+    except ValueError as e:
+        raise ValueError(f"request {request.request_id!r}: {e}") from None
+    return request
 
 
 def check_request(

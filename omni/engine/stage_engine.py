@@ -24,8 +24,9 @@ from omni.engine.device import device_stats, resolve_device, resolve_dtype
 from omni.engine.engine import run_until_done
 from omni.engine.gpu_profile import allocated_bytes
 from omni.engine.graph_plan import capture_step_graphs, fuse_kernels, padded_decode, trial_capture
+from omni.engine.json_outputs import JsonOutputs
 from omni.engine.output_rows import OutputRows
-from omni.engine.request_checks import check_request, until_end
+from omni.engine.request_checks import check_request, new_request
 from omni.engine.stage_memory import StageMemory
 from omni.engine.step_pipeline import StepPipeline
 from omni.messages import EngineOutput, InputDelta, StageInput, StageResult, StageUpdate
@@ -72,6 +73,7 @@ class StageEngine:
         )
         self.num_blocks = memory.num_blocks
         self.max_request_tokens = min(self.max_model_len, self.num_blocks * engine.block_size)
+        self.json = JsonOutputs(config.model, model.vocab_size, model.eos_token_id)
         self.kv = KVCacheManager(
             self.num_blocks,
             engine.block_size,
@@ -125,20 +127,13 @@ class StageEngine:
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, stage_input: StageInput) -> None:
         """Validate and queue; a ValueError here leaves the engine and other requests untouched."""
-        request = Request(
-            stage_input.request_id,
-            stage_input.prompt_token_ids,
-            mm_inputs=stage_input.mm_inputs,
-            cache_salt=stage_input.cache_salt,
-            generation_key=stage_input.generation_key,
-            sampling_params=until_end(stage_input, self.max_request_tokens),
-            eos_token_id=self.model.eos_token_id,
-        )
+        model = self.model
+        request = new_request(stage_input, self.max_request_tokens, model.eos_token_id, self.json)
         check_request(
             request,
             stage=self.name,
             max_model_len=self.max_model_len,
-            vocab_size=self.model.vocab_size,
+            vocab_size=model.vocab_size,
             block_size=self.block_size,
             num_blocks=self.num_blocks,
             known=self.scheduler.requests,
@@ -297,4 +292,5 @@ class StageEngine:
             **self.runner.step_stats(),
             "fused_modules": self.num_fused_modules,
             "steps_launched_ahead": self.pipeline.num_launched_ahead if self.pipeline else 0,
+            **self.json.stats(),
         }

@@ -139,6 +139,8 @@ class StepPipeline:
         for request in running:
             if request.request_id not in sampled or not request.is_runnable:
                 return False  # its next position's input has not come (a streamed upstream)
+            if request.constraint is not None:
+                return False  # its next token's mask needs this step's token on the host
             max_tokens = request.sampling_params.max_tokens
             if max_tokens is not None and request.num_output_tokens >= max_tokens:
                 return False  # its provisional token ends it by length

@@ -31,7 +31,7 @@ from omni.runtime.graph_shapes import max_suffix_tokens, num_scratch_blocks
 from omni.runtime.host_upload import upload
 from omni.runtime.launched_step import FedIds, LaunchedStep
 from omni.runtime.output_cache import OutputCache
-from omni.runtime.sampler import TOP_K_CAP, Sampler
+from omni.runtime.sampler import TOP_K_CAP, Sampler, masked
 from omni.runtime.stage_model import StageModel
 from omni.runtime.token_logprobs import (
     PROMPT_CHUNK,
@@ -246,7 +246,9 @@ class ModelRunner:
         counts = [] if all_greedy else [e.num_output_tokens for e in sampled]
         sample_ids = [e.request_id for e in sampled]
         adjusted = sample_ids if self.requests.num_adjusted else None  # penalties: whose counts
-        ids = self.sampler.sample(logits, params, counts, all_greedy=all_greedy, adjusted=adjusted)
+        masks = [e.allowed_tokens for e in sampled] if self.requests.num_json else None
+        chosen = masked(logits, masks) if masks else logits  # logprobs stay the model's own
+        ids = self.sampler.sample(chosen, params, counts, all_greedy=all_greedy, adjusted=adjusted)
         codes = self.model.sample_codes(hidden, ids, sample_ids, params, counts)
         logprobs = logprob_frames(logits, ids, params) if self.requests.num_logprobs else None
         return LaunchedStep(sample_ids, ids, codes, logprobs, prompt_frames)

@@ -260,3 +260,17 @@ def _filtered(
 
 
 _CANDIDATES = {"top": _top, "sorted": _sorted, "plain": _plain}
+
+
+def masked(logits: torch.Tensor, masks: list[np.ndarray | None]) -> torch.Tensor:
+    """The logits with each row's disallowed tokens (False in its mask: SamplingParams.json_schema,
+    omni/core/json_constraint.py) at -inf, in a copy (logprobs read the model's own); rows
+    without a mask as they are. Rows and masks go over in one upload."""
+    rows = [i for i, mask in enumerate(masks) if mask is not None]
+    if not rows:
+        return logits
+    stacked = np.stack([mask for mask in masks if mask is not None])
+    allowed, index = upload([stacked, np.array(rows, dtype=np.int64)], logits.device)
+    out = logits.clone()
+    out[index] = out[index].masked_fill(~allowed[:, : out.shape[1]], float("-inf"))
+    return out

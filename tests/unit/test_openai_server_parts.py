@@ -141,7 +141,6 @@ def test_openai_fields_at_their_defaults_are_served_others_named():
     body = ChatCompletionRequest.model_validate({**base, **defaults})
     assert all(served for _, _, served in _unsupported(body))
     others = {
-        "response_format": {"type": "json_object"},
         "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
         "store": True,
     }  # fmt: skip

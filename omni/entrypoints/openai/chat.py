@@ -38,7 +38,6 @@ MAX_CHOICES = streaming.MAX_CHOICES
 def _unsupported(body: ChatCompletionRequest) -> list[tuple[str, object, bool]]:
     """(field, value, served): OpenAI fields omni serves at their defaults only."""
     return [
-        ("response_format", body.response_format, body.response_format in (None, {"type": "text"})),
         ("tools", body.tools, not body.tools),
         ("tool_choice", body.tool_choice, body.tool_choice in (None, "none")),
         ("store", body.store, not body.store),

@@ -64,9 +64,10 @@ class ChatCompletionRequest(_Sampling):
     audio: AudioOutput | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # text, json_object or json_schema (sampling.json_schema_of: a 400 naming what is not served)
+    response_format: dict[str, Any] | None = None
     # OpenAI fields omni serves only at their defaults (clients send them so): anything else is
     # a 400 naming the field (chat.py, `_unsupported`), not "extra inputs are not permitted".
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -25,8 +25,10 @@ Either way the stop string is not part of the returned text.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
+from omni.core.json_grammar import compile_schema
 from omni.core.sampling_params import SamplingParams
 from omni.entrypoints.openai.errors import bad_request
 from omni.messages import PromptInput
@@ -59,6 +61,7 @@ def plan(
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
     text_final: bool = False,
+    json_schema: str | None = None,
     until_end: bool = False,
     default_max_tokens: int | None = None,
 ) -> Plan:
@@ -92,6 +95,7 @@ def plan(
             ("seed", seed),
             ("logprobs", logprobs),
             ("prompt_logprobs", prompt_logprobs),
+            ("json_schema", json_schema),
         )
         if v is not None
     }
@@ -141,11 +145,41 @@ def choice_plans(
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             text_final=text_final,
+            json_schema=json_schema_of(getattr(body, "response_format", None)),
             until_end=True,
             default_max_tokens=default_max_tokens,
         )
         for j in range(n)
     ]
+
+
+def json_schema_of(response_format: dict[str, Any] | None) -> str | None:
+    """Chat's `response_format` as SamplingParams.json_schema: None for text, any object for
+    json_object, the schema of json_schema (omni/core/json_grammar.py's subset); a 400 naming
+    the field otherwise."""
+    if response_format is None or response_format.get("type") in (None, "text"):
+        return None
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return '{"type": "object"}'
+    if kind != "json_schema":
+        raise bad_request(
+            f"response_format.type: {kind!r} is not one of 'text', 'json_object', 'json_schema'",
+            "response_format.type",
+        )
+    spec = response_format.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise bad_request(
+            f"response_format.json_schema.schema: a JSON schema object is required, got {schema!r}",
+            "response_format.json_schema.schema",
+        )
+    path = "response_format.json_schema.schema"
+    try:
+        compile_schema(schema, path)
+    except ValueError as e:
+        raise bad_request(str(e), str(e).split(":")[0], "unsupported_value") from None
+    return json.dumps(schema, sort_keys=True)
 
 
 def check_context(

@@ -1,0 +1,267 @@
+"""JSON that follows a schema, recognized one byte at a time: the grammar behind structured output
+(SamplingParams.json_schema; OpenAI's `response_format`).
+
+`compile_schema` turns a JSON schema into `Node`s; `initial(node)` is the state before any byte,
+`step(state, byte)` the state after one more byte (None: no JSON of the schema starts with the
+bytes so far), `is_complete(state)` whether the bytes so far are a whole value. A state is an
+immutable tuple of frames (innermost last), so states are shared, hashed and cached freely
+(omni/core/json_constraint.py caches a token mask per state).
+
+The schema subset (anything else is a ValueError naming its JSON path): `type` (one of object,
+array, string, number, integer, boolean, null; or a list of them), `properties`, `required`,
+`items`, `enum`, `const`, and the annotations `title`, `description`, `additionalProperties`
+(false), `$schema`, `default`, `examples`. An object with `properties` takes those keys only
+(OpenAI's strict mode), each at most once, in any order, and ends only when every `required` one
+is in; an object without them takes any keys with any values. `{}` (or no `type`) is any value.
+Whitespace is free between tokens, as JSON allows; strings take any characters (raw UTF-8 or
+escapes), numbers JSON's syntax (integers without fraction or exponent).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+WHITESPACE = frozenset(b" \t\n\r")
+DIGITS = frozenset(b"0123456789")
+HEX = frozenset(b"0123456789abcdefABCDEF")
+ESCAPES = frozenset(b'"\\/bfnrt')
+_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+_ANNOTATIONS = frozenset(
+    {"title", "description", "$schema", "default", "examples", "additionalProperties"}
+)
+_NUMBER_END = frozenset({2, 3, 5, 8})  # number phases that end a whole number
+
+
+class Node:
+    """One schema position. Compared and hashed by identity: a compiled schema's nodes are shared
+    by every state built from it."""
+
+    __slots__ = ("kinds", "properties", "required", "items", "literals")
+
+    def __init__(
+        self,
+        kinds: frozenset[str],
+        properties: dict[str, Node] | None = None,
+        required: frozenset[str] = frozenset(),
+        items: Node | None = None,
+        literals: tuple[bytes, ...] = (),
+    ) -> None:
+        self.kinds = kinds  # the JSON types a value may have here
+        self.properties = properties  # an object's keys and their values; None: any keys
+        self.required = required
+        self.items = items  # an array's values (None: any)
+        self.literals = literals  # enum/const: the only values, JSON-encoded
+
+
+ANY = Node(frozenset(_TYPES))
+
+
+def compile_schema(schema: Any, path: str = "schema") -> Node:
+    """The schema's root node; a ValueError naming the path of what it cannot serve."""
+    if schema is True or schema == {}:
+        return ANY
+    if not isinstance(schema, dict):
+        raise ValueError(f"{path}: a schema must be an object, got {schema!r}")
+    unknown = sorted(set(schema) - _ANNOTATIONS - {"type", "properties", "required", "items",
+                                                    "enum", "const"})  # fmt: skip
+    if unknown:
+        raise ValueError(
+            f"{path}.{unknown[0]}: not supported (supported: type, properties, required, items, "
+            "enum, const)"
+        )
+    extra = schema.get("additionalProperties")
+    if extra not in (None, False) and (extra not in (True, {}) or "properties" in schema):
+        raise ValueError(
+            f"{path}.additionalProperties: {extra!r} is not supported (false, or true without "
+            "properties)"
+        )
+    if "required" in schema and "properties" not in schema:
+        raise ValueError(f"{path}.required: needs properties")
+    if "enum" in schema or "const" in schema:
+        values = schema["enum"] if "enum" in schema else [schema["const"]]
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{path}.enum: a non-empty list, got {values!r}")
+        literals = tuple(dict.fromkeys(_encode(v) for v in values))
+        return Node(frozenset(), literals=literals)
+    kinds = schema.get("type", list(_TYPES))
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    if not isinstance(kinds, list) or not kinds or any(k not in _TYPES for k in kinds):
+        raise ValueError(f"{path}.type: one of {list(_TYPES)} or a list of them, got {kinds!r}")
+    properties: dict[str, Node] | None = {} if extra is False else None
+    required: frozenset[str] = frozenset()
+    if "properties" in schema:
+        props = schema["properties"]
+        if not isinstance(props, dict):
+            raise ValueError(f"{path}.properties: an object, got {props!r}")
+        properties = {k: compile_schema(v, f"{path}.properties.{k}") for k, v in props.items()}
+        required = frozenset(schema.get("required", ()))
+        missing = sorted(required - set(properties))
+        if missing:
+            raise ValueError(f"{path}.required: {missing[0]!r} is not in properties")
+    items = compile_schema(schema["items"], f"{path}.items") if "items" in schema else None
+    return Node(frozenset(kinds), properties, required, items)
+
+
+def _encode(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+# ---- states ---------------------------------------------------------------------------------------
+# Frames: ("V", node) a value of node may start (whitespace first); ("S", esc) inside a string
+# (esc 0, 1 after a backslash, 2-5: that many - 1 hex digits of \uXXXX to come); ("N", phase,
+# integer) a number; ("L", literals, pos) pos bytes into one of the JSON-encoded literals;
+# ("O", node, phase, seen, value) an object: phase 0 after "{", 1 after ",", 2 in a key, 3
+# before ":", 4 in a value, 5 after a value; seen: its keys so far; value: the node of the key
+# being read; ("A", node, phase) an array: 0 after "[", 1 in a value, 2 after a value, 3 after
+# ","; ("D",) a whole value read (only whitespace may follow).
+State = tuple[tuple[Any, ...], ...]
+
+
+def initial(node: Node) -> State:
+    return (("V", node),)
+
+
+def is_complete(state: State) -> bool:
+    top = state[-1]
+    if len(state) != 1:
+        return False
+    kind = top[0]
+    return (
+        kind == "D"
+        or (kind == "N" and top[1] in _NUMBER_END)
+        or (kind == "L" and any(len(lit) == top[2] for lit in top[1]))
+    )
+
+
+def step(state: State, byte: int) -> State | None:
+    """The state after `byte`, or None where the schema's JSON cannot go on with it."""
+    rest, top = state[:-1], state[-1]
+    kind = top[0]
+    if kind == "S":
+        return _string(rest, top[1], byte)
+    if kind == "V":
+        return _value(rest, top[1], byte)
+    if kind == "N":
+        return _number(rest, top, byte)
+    if kind == "L":
+        return _literal(rest, top, byte)
+    if kind == "O":
+        return _object(rest, top, byte)
+    if kind == "A":
+        return _array(rest, top, byte)
+    return state if byte in WHITESPACE else None  # "D"
+
+
+def _done(rest: State, key: bytes | None = None) -> State:
+    """A value (or an object's key: `key`, its literal, None for a free key) ended."""
+    if not rest:
+        return (("D",),)
+    top = rest[-1]
+    if top[0] == "A":
+        return rest[:-1] + (("A", top[1], 2),)
+    node, phase, seen, value = top[1:]
+    if phase == 2:  # a key: the node of its value
+        if node.properties is None:
+            return rest[:-1] + (("O", node, 3, seen, ANY),)
+        name = json.loads(key) if key is not None else ""
+        return rest[:-1] + (("O", node, 3, seen | {name}, node.properties[name]),)
+    return rest[:-1] + (("O", node, 5, seen, None),)
+
+
+def _value(rest: State, node: Node, byte: int) -> State | None:
+    if byte in WHITESPACE:
+        return rest + (("V", node),)
+    if node.literals:
+        return _literal(rest, ("L", node.literals, 0), byte)
+    kinds = node.kinds
+    if byte == ord("{") and "object" in kinds:
+        return rest + (("O", node, 0, frozenset(), None),)
+    if byte == ord("[") and "array" in kinds:
+        return rest + (("A", node, 0),)
+    if byte == ord('"') and "string" in kinds:
+        return rest + (("S", 0),)
+    integer = "number" not in kinds
+    if (byte == ord("-") or byte in DIGITS) and (not integer or "integer" in kinds):
+        return _number(rest, ("N", 0, integer), byte)
+    literals = (b"true", b"false") * ("boolean" in kinds) + (b"null",) * ("null" in kinds)
+    return _literal(rest, ("L", literals, 0), byte) if literals else None
+
+
+def _string(rest: State, esc: int, byte: int) -> State | None:
+    if esc == 0:
+        if byte == ord('"'):
+            return _done(rest)
+        if byte == ord("\\"):
+            return rest + (("S", 1),)
+        return rest + (("S", 0),) if byte >= 0x20 else None
+    if esc == 1:
+        if byte == ord("u"):
+            return rest + (("S", 5),)
+        return rest + (("S", 0),) if byte in ESCAPES else None
+    return rest + (("S", esc - 1 if esc > 2 else 0),) if byte in HEX else None
+
+
+def _number(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
+    phase, integer = top[1], top[2]
+    digit = byte in DIGITS
+    if phase == 0:  # nothing yet
+        new = 1 if byte == ord("-") else 2 if byte == ord("0") else 3 if digit else -1
+    elif phase == 1:  # after "-"
+        new = 2 if byte == ord("0") else 3 if digit else -1
+    elif phase in (4, 7):  # after "." / an exponent's sign: a digit must come
+        new = (5 if phase == 4 else 8) if digit else -1
+    elif phase == 6:  # after "e"
+        new = 7 if byte in b"+-" else 8 if digit else -1
+    elif digit and phase in (3, 5, 8):
+        new = phase
+    elif byte == ord(".") and phase in (2, 3) and not integer:
+        new = 4
+    elif byte in b"eE" and phase in (2, 3, 5) and not integer:
+        new = 6
+    else:  # the number ended before this byte
+        return step(_done(rest), byte) if phase in _NUMBER_END else None
+    return None if new < 0 else rest + (("N", new, integer),)
+
+
+def _literal(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
+    literals, pos = top[1], top[2]
+    going = tuple(lit for lit in literals if len(lit) > pos and lit[pos] == byte)
+    if going:
+        return rest + (("L", going, pos + 1),)
+    ended = next((lit for lit in literals if len(lit) == pos), None)
+    if ended is None:
+        return None
+    is_key = bool(rest) and rest[-1][0] == "O" and rest[-1][2] == 2
+    return step(_done(rest, ended if is_key else None), byte)
+
+
+def _object(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
+    node, phase, seen, value = top[1:]
+    if byte in WHITESPACE:
+        return rest + (top,) if phase != 2 and phase != 4 else None
+    if phase in (0, 1) and byte == ord('"'):
+        here = rest + (("O", node, 2, seen, None),)
+        if node.properties is None:
+            return here + (("S", 0),)
+        keys = tuple(_encode(k) for k in node.properties if k not in seen)
+        return here + (("L", keys, 1),) if keys else None
+    if phase == 0 and byte == ord("}") or phase == 5 and byte == ord("}"):
+        return _done(rest) if node.required <= seen else None
+    if phase == 3 and byte == ord(":"):
+        return rest + (("O", node, 4, seen, None), ("V", value))
+    if phase == 5 and byte == ord(","):
+        more = node.properties is None or len(seen) < len(node.properties)
+        return rest + (("O", node, 1, seen, None),) if more else None
+    return None
+
+
+def _array(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
+    node, phase = top[1], top[2]
+    if byte in WHITESPACE:
+        return rest + (top,)
+    if byte == ord("]") and phase in (0, 2):
+        return _done(rest)
+    if phase == 2:
+        return rest + (("A", node, 3),) if byte == ord(",") else None
+    return _value(rest + (("A", node, 1),), node.items or ANY, byte)
