@@ -268,12 +268,29 @@ BAD = [
         "tools",
     ),
     (
-        "json output",
+        "json output: an unknown format",
         "omni",
         "chat",
-        {**GOOD, "response_format": {"type": "json_object"}},
+        {**GOOD, "response_format": {"type": "xml"}},
         400,
-        "response_format",
+        "response_format.type",
+    ),
+    (
+        "json output: a schema outside the subset",
+        "omni",
+        "chat",
+        {
+            **GOOD,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "object", "properties": {"a": {"format": "date"}}},
+                },
+            },
+        },
+        400,
+        "response_format.json_schema.schema.properties.a.format",
     ),
     (
         "completions: empty prompt",

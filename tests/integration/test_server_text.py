@@ -6,6 +6,7 @@ CPU."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -270,3 +271,41 @@ def test_leaving_a_stream_of_n_choices_aborts_them_all(server):
         assert time.monotonic() < deadline, _running(server)
         time.sleep(0.05)
     print(f"\n3 choices aborted {time.monotonic() - left:.2f} s after the client left")
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+    "required": ["n"],
+}
+
+
+def test_response_format_constrains_the_reply_as_the_python_api_does(client, lm_dir):
+    formats = {
+        "json_object": ({"type": "json_object"}, {"type": "object"}),
+        "json_schema": ({"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}, SCHEMA),
+    }  # fmt: skip
+    kwargs = dict(model=NAME, messages=MESSAGES, max_tokens=40, temperature=0)
+    with Omni(model=lm_dir, runtime={"backend": "local"}, **on_cpu("llm")) as lm:
+        for response_format, schema in formats.values():
+            params = SamplingParams(max_tokens=40, json_schema=schema)
+            (expected,) = lm.chat(MESSAGES, params, use_tqdm=False)
+            text = lm.async_omni.prompt_processor.tokenizer.decode(
+                expected.final.token_ids, skip_special_tokens=True
+            )
+            whole = client.chat.completions.create(**kwargs, response_format=response_format)
+            assert whole.choices[0].message.content == text
+            streamed = client.chat.completions.create(
+                **kwargs, response_format=response_format, stream=True
+            )
+            assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
+            if expected.final.finish_reason == "stopped":
+                assert isinstance(json.loads(text), dict)
+            assert text.lstrip().startswith("{")  # whitespace may lead, as JSON allows
+    bad = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"oneOf": []}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(**kwargs, response_format=bad)
+    assert info.value.body["param"] == "response_format.json_schema.schema.oneOf"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(**kwargs, response_format={"type": "json_schema"})
+    assert info.value.body["param"] == "response_format.json_schema.schema"

@@ -1,0 +1,117 @@
+"""omni/core/json_constraint.py: a state's token mask equals running every token's bytes through
+the grammar (brute force, no shortcuts), at every state along JSON texts tokenized greedily over
+a synthetic vocabulary (every byte, plus multi-byte tokens with quotes, backslashes, digits and
+whitespace in them); stop tokens are allowed only once the value is whole; masks are computed
+once per state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omni.core.json_constraint import JsonConstraint, TokenBytes
+from omni.core.json_grammar import compile_schema, step
+
+MULTI = [b'{"', b'":', b'": ', b'",', b'", "', b'"}', b"}}", b'\\"', b"\\n", b"ab", b" a",
+         b'a"', b"12", b"3.", b".5", b"e-", b"true", b"null", b"  ", b"\n  ", b"],", b"[{",
+         b'"name"', b'"age', b"\xc3\xa9", b"\xc3", b"\xa9x", b"a\x01"]  # fmt: skip
+SPECIAL, EOS = 300, 301
+VOCAB = [bytes([b]) for b in range(256)] + MULTI
+VOCAB_SIZE = 310  # logits are wider than the tokenizer: ids past it are never allowed
+
+
+def vocabulary() -> TokenBytes:
+    tokens: list[bytes | None] = list(VOCAB) + [None] * (SPECIAL + 2 - len(VOCAB))
+    return TokenBytes(tokens, VOCAB_SIZE)
+
+
+def greedy_tokens(text: bytes) -> list[int]:
+    ids, i = [], 0
+    while i < len(text):
+        best = max(
+            (t for t, v in enumerate(VOCAB) if text.startswith(v, i)), key=lambda t: len(VOCAB[t])
+        )
+        ids.append(best)
+        i += len(VOCAB[best])
+    return ids
+
+
+def brute_force(state, vocab: TokenBytes) -> np.ndarray:
+    mask = np.zeros(vocab.vocab_size, dtype=bool)
+    for token_id, data in enumerate(vocab.tokens):
+        current = state
+        for byte in data or b"":
+            current = step(current, byte)
+            if current is None:
+                break
+        mask[token_id] = bool(data) and current is not None
+    return mask
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "number"},
+                   "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "age"],
+}  # fmt: skip
+TEXTS = [
+    (None, b'{"name": "J\\"o\xc3\xa9", "age": 12.5e-3, "tags": ["ab", "a\\n"]}'),
+    (None, b'{\n  "age": 3,\n  "name": "x"\n}'),
+    ({}, b'[{"a": [true, null, -0.5]}, "s", 12]'),
+    ({"type": "object"}, b'{"k": {"n": [1, 2]}, "t": "ab"}'),
+]
+
+
+@pytest.mark.parametrize(("schema", "text"), TEXTS)
+def test_masks_equal_brute_force_at_every_state(schema, text):
+    vocab = vocabulary()
+    constraint = JsonConstraint(compile_schema(SCHEMA if schema is None else schema), vocab)
+    cursor = constraint.cursor([EOS])
+    for token_id in greedy_tokens(text):
+        mask = cursor.allowed()
+        assert cursor.state is not None
+        expected = brute_force(cursor.state, vocab)
+        assert not cursor.complete and not mask[EOS]  # stop tokens only once the value is whole
+        np.testing.assert_array_equal(mask, expected, err_msg=repr(cursor.state))
+        assert mask[token_id] and not mask[SPECIAL] and not mask[VOCAB_SIZE - 1]
+        cursor.advance(token_id)
+    assert cursor.complete
+    end = cursor.allowed()
+    assert end[EOS] and end[ord(" ")] and not end[ord("{")]  # whole: whitespace or a stop
+    cursor.advance(EOS)  # ignore_eos goes past it: still whole
+    assert cursor.complete
+
+
+def test_masks_are_computed_once_per_state_and_replay_matches():
+    constraint = JsonConstraint(compile_schema(SCHEMA), vocabulary())
+    ids = greedy_tokens(TEXTS[0][1])
+    first = constraint.cursor([EOS])
+    for token_id in ids:
+        first.allowed()
+        first.advance(token_id)
+    computed = constraint.num_computed
+    second = constraint.cursor([EOS])
+    for token_id in ids:
+        second.allowed()
+        second.advance(token_id)
+    assert constraint.num_computed == computed  # every state's mask was cached
+    third = constraint.cursor([EOS])
+    third.replay(ids)
+    assert third.state == first.state == second.state
+
+
+def test_a_token_outside_the_grammar_leaves_only_stops():
+    cursor = JsonConstraint(compile_schema(SCHEMA), vocabulary()).cursor([EOS, 7])
+    cursor.advance(ord("["))  # not an object
+    assert cursor.state is None
+    mask = cursor.allowed()
+    assert mask.sum() == 2 and mask[EOS] and mask[7]
+
+
+def test_a_small_cache_evicts_the_least_recent_states():
+    constraint = JsonConstraint(compile_schema(SCHEMA), vocabulary(), max_cached=2)
+    cursor = constraint.cursor([EOS])
+    for token_id in greedy_tokens(TEXTS[0][1])[:6]:
+        np.testing.assert_array_equal(cursor.allowed(), brute_force(cursor.state, constraint.vocab))
+        cursor.advance(token_id)
+    assert len(constraint._masks) == 2

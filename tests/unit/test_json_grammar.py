@@ -1,0 +1,157 @@
+"""omni/core/json_grammar.py: JSON of a schema, one byte at a time. Python's json module is the
+oracle for plain JSON (random values, compact and indented, ASCII-escaped or raw UTF-8); schema
+cases check what a schema admits and refuses; compile errors name the schema path."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from omni.core.json_grammar import ANY, compile_schema, initial, is_complete, step
+from omni.core.sampling_params import SamplingParams
+
+
+def accepts(node, text: str) -> bool:
+    state = initial(node)
+    for byte in text.encode():
+        state = step(state, byte)
+        if state is None:
+            return False
+    return is_complete(state)
+
+
+def prefix_ok(node, text: str) -> bool:
+    state = initial(node)
+    for byte in text.encode():
+        state = step(state, byte)
+        if state is None:
+            return False
+    return True
+
+
+def random_value(rng: random.Random, depth: int = 0):
+    kind = rng.randrange(7 if depth < 3 else 4)
+    if kind == 0:
+        return rng.randrange(-1000, 1000)
+    if kind == 1:
+        return rng.random() * 10 ** rng.randrange(-6, 6) * rng.choice([1, -1])
+    if kind == 2:
+        return "".join(rng.choice('ab"\\\n\t\u00e9\u4e2d x/') for _ in range(rng.randrange(6)))
+    if kind == 3:
+        return rng.choice([True, False, None])
+    if kind in (4, 5):
+        return {
+            f"k{rng.randrange(9)}": random_value(rng, depth + 1) for _ in range(rng.randrange(4))
+        }
+    return [random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+
+
+def test_any_value_accepts_what_json_writes():
+    rng = random.Random(0)
+    for _ in range(400):
+        value = random_value(rng)
+        for indent in (None, 2):
+            text = json.dumps(value, indent=indent, ensure_ascii=rng.random() < 0.5)
+            assert accepts(ANY, text), text
+            assert accepts(ANY, f" \n{text}\t ")  # whitespace around a value
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{", '{"a"}', "[1,]", "01", "-", "1.", "1e", '"\x01"', '{"a":1,}', "tru", '"\\x"', "[1 2]",
+     '{"a" 1}', "{,}", '"\\u12g4"', "nul", "[]]", '{"a":1}}', "1 2", "+1", ".5", "--1"],
+)  # fmt: skip
+def test_any_value_refuses_what_json_refuses(text):
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    assert not accepts(ANY, text)
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "score": {"type": "number"},
+        "tags": {"type": "array", "items": {"enum": ["a", "bc", 1]}},
+        "pet": {"type": ["string", "null"]},
+        "flag": {"type": "boolean"},
+        "kind": {"const": "human"},
+    },
+    "required": ["name", "age"],
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ('{"name": "Bo", "age": 3}', True),
+        ('{"age": -3, "name": "Bo"}', True),  # any order
+        ('{"name":"Bo","age":3,"score":1.5e3,"tags":["a",1,"bc"],"pet":null,"flag":false,'
+         '"kind":"human"}', True),
+        ('{"name": "Bo", "age": 3, "pet": "cat"}', True),
+        ('{"name": "Bo"}', False),  # age is required
+        ('{"name": "Bo", "age": 3.5}', False),  # an integer
+        ('{"name": "Bo", "age": 3e2}', False),
+        ('{"name": "Bo", "age": 3, "other": 1}', False),  # only the declared keys
+        ('{"name": "Bo", "name": "Al", "age": 3}', False),  # each key once
+        ('{"name": "Bo", "age": 3, "tags": ["b"]}', False),  # enum
+        ('{"name": "Bo", "age": 3, "kind": "robot"}', False),  # const
+        ('{"name": "Bo", "age": 3, "pet": 5}', False),
+        ('{"name": 5, "age": 3}', False),
+        ('["Bo", 3]', False),
+    ],
+)  # fmt: skip
+def test_a_schema_admits_its_objects_only(text, ok):
+    assert accepts(compile_schema(PERSON), text) is ok
+
+
+def test_prefixes_stay_alive_until_they_break():
+    node = compile_schema(PERSON)
+    assert prefix_ok(node, '{"na') and prefix_ok(node, '{"name": "B')
+    assert not prefix_ok(node, '{"nb')  # no declared key starts so
+    assert not prefix_ok(node, '{"name": "Bo"}')  # closed before its required age
+    every = '{"name":"a","age":1,"score":1,"tags":[],"pet":null,"flag":true,"kind":"human"'
+    assert prefix_ok(compile_schema(PERSON), every) and not prefix_ok(node, every + ",")
+
+
+def test_enums_of_numbers_that_prefix_each_other():
+    node = compile_schema({"enum": [1, 10, "x", None]})
+    assert all(accepts(node, t) for t in ("1", "10", '"x"', "null"))
+    assert not any(accepts(node, t) for t in ("100", "2", '"y"', "nul"))
+
+
+def test_objects_without_properties_take_any_keys_or_none():
+    assert accepts(compile_schema({"type": "object"}), '{"x": [1, {"y": null}]}')
+    closed = compile_schema({"type": "object", "additionalProperties": False})
+    assert accepts(closed, "{}") and not prefix_ok(closed, '{"')
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"anyOf": [{"type": "string"}]}, "schema.anyOf: not supported"),
+        ({"type": "object", "properties": {"a": {"type": "date"}}}, "schema.properties.a.type:"),
+        ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "schema.required: 'b'"),
+        ({"type": "array", "items": {"pattern": "x"}}, "schema.items.pattern: not supported"),
+        ({"properties": {"a": {}}, "additionalProperties": True}, "schema.additionalProperties:"),
+        ({"enum": []}, "schema.enum: a non-empty list"),
+        ("string", "schema: a schema must be an object"),
+    ],
+)
+def test_unsupported_schemas_name_their_path(schema, message):
+    with pytest.raises(ValueError) as info:
+        compile_schema(schema)
+    assert str(info.value).startswith(message), str(info.value)
+    with pytest.raises(ValueError, match="^SamplingParams.json_schema: schema"):
+        SamplingParams(json_schema=schema if isinstance(schema, dict) else json.dumps(schema))
+
+
+def test_sampling_params_keep_a_canonical_schema_text():
+    a = SamplingParams(json_schema={"type": "object", "required": [], "properties": {}})
+    b = SamplingParams(json_schema='{"properties": {}, "required": [], "type": "object"}')
+    assert a == b and hash(a) == hash(b) and isinstance(a.json_schema, str)
+    with pytest.raises(ValueError, match="^SamplingParams.json_schema: Expecting"):
+        SamplingParams(json_schema="{not json")
