@@ -132,7 +132,7 @@ class Scheduler:
                 else (),
             )
             if request.constraint is not None and entry.sample:
-                entry.allowed_tokens = request.constraint.allowed()
+                entry.allowed_tokens = request.constraint.packed()
             scheduled.append(entry)
             if hit_filter is not None and (start + num_new) // block_size > start // block_size:
                 self._note_pending(request, num_new, pending_rows)  # it fills a block
@@ -204,7 +204,7 @@ class Scheduler:
             num_output_tokens=request.num_output_tokens,
             fed_codes=self._fed_codes(request, start, num_new),
             prompt_targets=prompt_targets(request, start, num_new),
-            allowed_tokens=None if constraint is None else constraint.allowed(),
+            allowed_tokens=None if constraint is None else constraint.packed(),
         )
 
     @staticmethod

@@ -43,8 +43,8 @@ class ScheduledRequest:
     """SamplingParams.prompt_logprobs: the prompt token that follows each of the first
     len(prompt_targets) fed tokens (their logprobs are returned); () otherwise."""
     allowed_tokens: Any = None
-    """SamplingParams.json_schema, when the step samples: bool[vocab] of the tokens the sample
-    may take (a numpy array: omni/core/json_constraint.py); None otherwise."""
+    """SamplingParams.json_schema, when the step samples: the tokens the sample may take, as
+    np.packbits of bool[vocab] (omni/core/json_constraint.py); None otherwise."""
 
 
 @dataclass(frozen=True)

@@ -263,14 +263,17 @@ _CANDIDATES = {"top": _top, "sorted": _sorted, "plain": _plain}
 
 
 def masked(logits: torch.Tensor, masks: list[np.ndarray | None]) -> torch.Tensor:
-    """The logits with each row's disallowed tokens (False in its mask: SamplingParams.json_schema,
-    omni/core/json_constraint.py) at -inf, in a copy (logprobs read the model's own); rows
-    without a mask as they are. Rows and masks go over in one upload."""
+    """The logits with each row's disallowed tokens at -inf, in a copy (logprobs read the model's
+    own); rows without a mask as they are. A mask is np.packbits of the row's allowed tokens
+    (SamplingParams.json_schema, omni/core/json_constraint.py): rows and masks go over in one
+    upload and are unpacked on the logits' device."""
     rows = [i for i, mask in enumerate(masks) if mask is not None]
     if not rows:
         return logits
     stacked = np.stack([mask for mask in masks if mask is not None])
-    allowed, index = upload([stacked, np.array(rows, dtype=np.int64)], logits.device)
+    packed, index = upload([stacked, np.array(rows, dtype=np.int64)], logits.device)
+    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=logits.device)
+    allowed = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, : logits.shape[1]]
     out = logits.clone()
-    out[index] = out[index].masked_fill(~allowed[:, : out.shape[1]], float("-inf"))
+    out[index] = out[index].masked_fill(allowed == 0, float("-inf"))
     return out

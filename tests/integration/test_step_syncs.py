@@ -59,13 +59,15 @@ def count_decode_steps(
 
 
 def causal_lm_counts(model_dir: str, **engine: object) -> SyncCounter:
-    """Greedy, top-p (with logprobs: read in the same copy) and seeded top-k requests decoding
-    together (the output cache kept)."""
+    """Greedy, top-p (with logprobs: read in the same copy), seeded top-k and JSON-constrained
+    requests decoding together (the output cache kept)."""
     engine_ = make_engine(model_dir, block_size=4, num_blocks=64, **engine)
     params = [
         SamplingParams(max_tokens=20, ignore_eos=True),
         SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8, top_p=0.9, logprobs=3),
         SamplingParams(max_tokens=20, ignore_eos=True, temperature=1.0, top_k=5, seed=3),
+        # its token mask goes over in an upload of its own (a non_blocking copy, no sync)
+        SamplingParams(max_tokens=20, ignore_eos=True, json_schema={"type": "object"}),
     ]
     for i, p in enumerate(params):
         engine_.add_request(StageInput(f"r{i}", [5 + i, 6, 7, 8, 9][: 3 + i], p))

@@ -115,3 +115,23 @@ def test_a_small_cache_evicts_the_least_recent_states():
         np.testing.assert_array_equal(cursor.allowed(), brute_force(cursor.state, constraint.vocab))
         cursor.advance(token_id)
     assert len(constraint._masks) == 2
+
+
+def test_the_sampler_unpacks_masks_onto_a_copy_of_the_logits():
+    import torch
+
+    from omni.runtime.sampler import masked
+
+    rng = np.random.default_rng(0)
+    logits = torch.randn(3, 13)  # a width that is not a multiple of 8
+    allowed = [rng.random(13) < 0.5, None, rng.random(13) < 0.5]
+    out = masked(logits, [None if a is None else np.packbits(a) for a in allowed])
+    for row, mask in enumerate(allowed):
+        expected = (
+            logits[row]
+            if mask is None
+            else logits[row].masked_fill(~torch.from_numpy(mask), float("-inf"))
+        )
+        torch.testing.assert_close(out[row], expected)
+    assert torch.isfinite(logits).all()  # the model's own logits are left as they were
+    assert masked(logits, [None, None, None]) is logits
