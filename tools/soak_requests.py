@@ -11,6 +11,8 @@ tools/soak_misbehave.py):
   chat_choices       chat_text with n=2, logprobs (top 2) and a stop string never met: every
                      choice must answer as chat_text, its logprobs one per token
   cache_salt         chat_text with a `cache_salt` (one of four): must answer as chat_text
+  chat_json          chat with a json_schema `response_format` (variant: streamed or not): a
+                     JSON prefix of the schema, the same for every request of its prompt
   disconnect         the client leaves mid-request (four ways, see `soak_misbehave.disconnect`)
   bad                a malformed request: must be answered with its 4xx naming the field
 
@@ -31,11 +33,14 @@ from typing import Any
 import numpy as np
 import openai
 
+from omni.core.json_grammar import compile_schema, initial, step
+
 MODEL = "tiny-omni"
 VOICES = ("Ethan", "Chelsie")
 KINDS = {  # kind -> share of the requests
     "chat_text": 0.12,
     "chat_choices": 0.06,
+    "chat_json": 0.06,
     "chat_audio_in": 0.10,
     "chat_audio_stream": 0.14,
     "speech": 0.08,
@@ -48,6 +53,7 @@ REFERENCE_KIND = {
     "chat_text": "chat_text",
     "cache_salt": "chat_text",
     "chat_choices": "chat_text",
+    "chat_json": "chat_json",
     "chat_audio_in": "chat_audio_in",
     "chat_audio_stream": "chat_audio_stream",
     "speech": "speech",
@@ -165,6 +171,7 @@ class Sender:
             "chat_text": self._chat_text,
             "cache_salt": self._cache_salt,
             "chat_choices": self._chat_choices,
+            "chat_json": self._chat_json,
             "chat_audio_in": self._chat_audio_in,
             "chat_audio_stream": self._chat_audio_stream,
             "speech": self._speech,
@@ -241,6 +248,18 @@ class Sender:
         if texts[0] != texts[1] or not 0 < counts[0] == counts[1] <= self.max_tokens:
             raise AssertionError(f"greedy choices differ: {texts} with {counts} logprobs")
         return Reply(Answer(texts[0]))
+
+    async def _chat_json(self, job: Job) -> Reply:
+        schema = {"type": "object", "properties": {"subject": {"type": "string"},
+                  "n": {"type": "integer"}}, "required": ["n"]}  # fmt: skip
+        spec = {"type": "json_schema", "json_schema": {"name": "fact", "schema": schema}}
+        reply = await self._chat_text(job, response_format=spec)
+        text, state = reply.answer.text or "", initial(compile_schema(schema))
+        for byte in text.encode():
+            state = step(state, byte) if state is not None else None
+        if state is None:
+            raise AssertionError(f"not JSON of the schema: {text!r}")
+        return reply
 
     async def _chat_audio_in(self, job: Job) -> Reply:
         out = await self.chat(job, messages=_audio_messages(job.prompt))

@@ -28,7 +28,7 @@ def test_soak_200_requests_loses_nothing():
     with ServeProcess(args, env=SERVER_ENV) as server:
         assert server.proc is not None
         report = asyncio.run(run_soak(server.base_url, server.proc.pid, config))
-    assert report.num_references == 5 * 6
+    assert report.num_references == 6 * 6
     assert sum(s.count for s in report.kinds.values()) == 200
     for kind in KINDS:
         stats = report.kinds[kind]
