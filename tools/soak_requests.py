@@ -11,8 +11,7 @@ tools/soak_misbehave.py):
   chat_choices       chat_text with n=2, logprobs (top 2) and a stop string never met: every
                      choice must answer as chat_text, its logprobs one per token
   cache_salt         chat_text with a `cache_salt` (one of four): must answer as chat_text
-  chat_json          chat with a json_schema `response_format` (variant: streamed or not): a
-                     JSON prefix of the schema, the same for every request of its prompt
+  chat_json          chat_text with a json_schema `response_format`: JSON of it, as its reference
   disconnect         the client leaves mid-request (four ways, see `soak_misbehave.disconnect`)
   bad                a malformed request: must be answered with its 4xx naming the field
 
@@ -33,18 +32,19 @@ from typing import Any
 import numpy as np
 import openai
 
-from omni.core.json_grammar import compile_schema, initial, step
+from omni.core.json_grammar import initial, step
+from omni.core.json_schema import compile_schema
 
 MODEL = "tiny-omni"
 VOICES = ("Ethan", "Chelsie")
 KINDS = {  # kind -> share of the requests
-    "chat_text": 0.12,
+    "chat_text": 0.09,
     "chat_choices": 0.06,
     "chat_json": 0.06,
     "chat_audio_in": 0.10,
     "chat_audio_stream": 0.14,
     "speech": 0.08,
-    "completions": 0.15,
+    "completions": 0.12,
     "cache_salt": 0.10,
     "disconnect": 0.10,
     "bad": 0.15,
@@ -60,6 +60,9 @@ REFERENCE_KIND = {
     "completions": "completions",
 }
 """Kind -> the kind whose reference its answer must equal (disconnect and bad have none)."""
+JSON_FORMAT: dict[str, Any] = {"type": "json_schema", "json_schema": {"name": "fact", "schema": {
+    "type": "object", "properties": {"subject": {"type": "string"}, "n": {"type": "integer"}},
+    "required": ["n"]}}}  # fmt: skip
 AUDIO_TOLERANCE = 1
 """int16 steps: the server truncates floats to int16, so a float difference far below one step
 (another batch composition) can still move a sample by one."""
@@ -159,8 +162,7 @@ def _audio_messages(prompt: int) -> list[dict[str, Any]]:
 
 
 class Sender:
-    """Sends jobs with one AsyncOpenAI client; `max_tokens` caps the thinker of every chat and
-    completion (speech takes the server's own length rule)."""
+    """Sends jobs with one AsyncOpenAI client; max_tokens caps chats and completions, not speech."""
 
     def __init__(self, client: openai.AsyncOpenAI, max_tokens: int) -> None:
         from tools.soak_misbehave import bad, disconnect  # they build on this class
@@ -250,15 +252,11 @@ class Sender:
         return Reply(Answer(texts[0]))
 
     async def _chat_json(self, job: Job) -> Reply:
-        schema = {"type": "object", "properties": {"subject": {"type": "string"},
-                  "n": {"type": "integer"}}, "required": ["n"]}  # fmt: skip
-        spec = {"type": "json_schema", "json_schema": {"name": "fact", "schema": schema}}
-        reply = await self._chat_text(job, response_format=spec)
-        text, state = reply.answer.text or "", initial(compile_schema(schema))
-        for byte in text.encode():
-            state = step(state, byte) if state is not None else None
-        if state is None:
-            raise AssertionError(f"not JSON of the schema: {text!r}")
+        reply = await self._chat_text(job, response_format=JSON_FORMAT)
+        state = initial(compile_schema(JSON_FORMAT["json_schema"]["schema"]))
+        for byte in (reply.answer.text or "").encode():
+            if (state := step(state, byte)) is None:
+                raise AssertionError(f"not JSON of the schema: {reply.answer.text!r}")
         return reply
 
     async def _chat_audio_in(self, job: Job) -> Reply:

@@ -20,7 +20,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from omni.core.json_grammar import Node, State, initial, is_complete, step
+from omni.core.json_grammar import State, initial, is_complete, step
+from omni.core.json_schema import Node
 
 _PLAIN = np.array([b >= 0x20 and b not in b'"\\' for b in range(256)])
 

@@ -1,20 +1,14 @@
 """JSON that follows a schema, recognized one byte at a time: the grammar behind structured output
 (SamplingParams.json_schema; OpenAI's `response_format`).
 
-`compile_schema` turns a JSON schema into `Node`s; `initial(node)` is the state before any byte,
-`step(state, byte)` the state after one more byte (None: no JSON of the schema starts with the
-bytes so far), `is_complete(state)` whether the bytes so far are a whole value. A state is an
-immutable tuple of frames (innermost last), so states are shared, hashed and cached freely
-(omni/core/json_constraint.py caches a token mask per state).
-
-The schema subset (anything else is a ValueError naming its JSON path): `type` (one of object,
-array, string, number, integer, boolean, null; or a list of them), `properties`, `required`,
-`items`, `enum`, `const`, and the annotations `title`, `description`, `additionalProperties`
-(false), `$schema`, `default`, `examples`. An object with `properties` takes those keys only
-(OpenAI's strict mode), each at most once, in any order, and ends only when every `required` one
-is in; an object without them takes any keys with any values. `{}` (or no `type`) is any value.
-Whitespace is free between tokens, as JSON allows; strings take any characters (raw UTF-8 or
-escapes), numbers JSON's syntax (integers without fraction or exponent).
+`initial(node)` is the state before any byte (the node from omni/core/json_schema.py's
+`compile_schema`, which also says what subset of JSON Schema is served), `step(state, byte)` the
+state after one more byte (None: no JSON of the schema starts with the bytes so far),
+`is_complete(state)` whether the bytes so far are a whole value. A state is an immutable tuple of
+frames (innermost last), so states are shared, hashed and cached freely
+(omni/core/json_constraint.py caches a token mask per state). Whitespace is free between tokens,
+as JSON allows; strings take any characters (raw UTF-8 or escapes), numbers JSON's syntax
+(integers without fraction or exponent).
 """
 
 from __future__ import annotations
@@ -22,89 +16,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from omni.core.json_schema import ANY, Node, encode
+
 WHITESPACE = frozenset(b" \t\n\r")
 DIGITS = frozenset(b"0123456789")
 HEX = frozenset(b"0123456789abcdefABCDEF")
 ESCAPES = frozenset(b'"\\/bfnrt')
-_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
-_ANNOTATIONS = frozenset(
-    {"title", "description", "$schema", "default", "examples", "additionalProperties"}
-)
 _NUMBER_END = frozenset({2, 3, 5, 8})  # number phases that end a whole number
-
-
-class Node:
-    """One schema position. Compared and hashed by identity: a compiled schema's nodes are shared
-    by every state built from it."""
-
-    __slots__ = ("kinds", "properties", "required", "items", "literals")
-
-    def __init__(
-        self,
-        kinds: frozenset[str],
-        properties: dict[str, Node] | None = None,
-        required: frozenset[str] = frozenset(),
-        items: Node | None = None,
-        literals: tuple[bytes, ...] = (),
-    ) -> None:
-        self.kinds = kinds  # the JSON types a value may have here
-        self.properties = properties  # an object's keys and their values; None: any keys
-        self.required = required
-        self.items = items  # an array's values (None: any)
-        self.literals = literals  # enum/const: the only values, JSON-encoded
-
-
-ANY = Node(frozenset(_TYPES))
-
-
-def compile_schema(schema: Any, path: str = "schema") -> Node:
-    """The schema's root node; a ValueError naming the path of what it cannot serve."""
-    if schema is True or schema == {}:
-        return ANY
-    if not isinstance(schema, dict):
-        raise ValueError(f"{path}: a schema must be an object, got {schema!r}")
-    unknown = sorted(set(schema) - _ANNOTATIONS - {"type", "properties", "required", "items",
-                                                    "enum", "const"})  # fmt: skip
-    if unknown:
-        raise ValueError(
-            f"{path}.{unknown[0]}: not supported (supported: type, properties, required, items, "
-            "enum, const)"
-        )
-    extra = schema.get("additionalProperties")
-    if extra not in (None, False) and (extra not in (True, {}) or "properties" in schema):
-        raise ValueError(
-            f"{path}.additionalProperties: {extra!r} is not supported (false, or true without "
-            "properties)"
-        )
-    if "required" in schema and "properties" not in schema:
-        raise ValueError(f"{path}.required: needs properties")
-    if "enum" in schema or "const" in schema:
-        values = schema["enum"] if "enum" in schema else [schema["const"]]
-        if not isinstance(values, list) or not values:
-            raise ValueError(f"{path}.enum: a non-empty list, got {values!r}")
-        literals = tuple(dict.fromkeys(_encode(v) for v in values))
-        return Node(frozenset(), literals=literals)
-    kinds = schema.get("type", list(_TYPES))
-    kinds = [kinds] if isinstance(kinds, str) else kinds
-    if not isinstance(kinds, list) or not kinds or any(k not in _TYPES for k in kinds):
-        raise ValueError(f"{path}.type: one of {list(_TYPES)} or a list of them, got {kinds!r}")
-    properties: dict[str, Node] | None = {} if extra is False else None
-    required: frozenset[str] = frozenset()
-    if "properties" in schema:
-        props = schema["properties"]
-        if not isinstance(props, dict):
-            raise ValueError(f"{path}.properties: an object, got {props!r}")
-        properties = {k: compile_schema(v, f"{path}.properties.{k}") for k, v in props.items()}
-        required = frozenset(schema.get("required", ()))
-        missing = sorted(required - set(properties))
-        if missing:
-            raise ValueError(f"{path}.required: {missing[0]!r} is not in properties")
-    items = compile_schema(schema["items"], f"{path}.items") if "items" in schema else None
-    return Node(frozenset(kinds), properties, required, items)
-
-
-def _encode(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 # ---- states ---------------------------------------------------------------------------------------
@@ -172,6 +90,9 @@ def _done(rest: State, key: bytes | None = None) -> State:
 def _value(rest: State, node: Node, byte: int) -> State | None:
     if byte in WHITESPACE:
         return rest + (("V", node),)
+    if node.choices is not None:  # anyOf: the alternative this byte starts
+        chosen = node.choices.get(byte)
+        return None if chosen is None else _value(rest, chosen, byte)
     if node.literals:
         return _literal(rest, ("L", node.literals, 0), byte)
     kinds = node.kinds
@@ -244,7 +165,7 @@ def _object(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
         here = rest + (("O", node, 2, seen, None),)
         if node.properties is None:
             return here + (("S", 0),)
-        keys = tuple(_encode(k) for k in node.properties if k not in seen)
+        keys = tuple(encode(k) for k in node.properties if k not in seen)
         return here + (("L", keys, 1),) if keys else None
     if phase == 0 and byte == ord("}") or phase == 5 and byte == ord("}"):
         return _done(rest) if node.required <= seen else None

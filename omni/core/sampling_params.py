@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex, cast
 
-from omni.core.json_grammar import compile_schema
+from omni.core.json_schema import compile_schema
 from omni.core.logprobs import MAX_LOGPROBS
 
 GREEDY_BELOW = 1e-5
@@ -63,7 +63,7 @@ class SamplingParams:
     alternatives, None for none. Such a request is prefilled whole (no prefix-cache hits)."""
     json_schema: str | None = None
     """Constrain the tokens to JSON that follows this JSON schema (its text, or a dict; the
-    subset in omni/core/json_grammar.py: '{"type": "object"}' is any object): only tokens that
+    subset in omni/core/json_schema.py: '{"type": "object"}' is any object): only tokens that
     keep the text on the way to such a value are sampled, and stop tokens only once it is whole.
     A schema outside the subset is a ValueError naming where."""
 

@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from omni.core.json_constraint import JsonConstraint, JsonCursor, TokenBytes
-from omni.core.json_grammar import compile_schema
+from omni.core.json_schema import compile_schema
 from omni.core.sampling_params import SamplingParams
 from omni.engine.prompt_processor import load_tokenizer
 

@@ -15,7 +15,8 @@ import torch
 from helpers import make_engine, shared_prefix_prompts
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor
 
-from omni.core.json_grammar import compile_schema, initial, is_complete, step
+from omni.core.json_grammar import initial, is_complete, step
+from omni.core.json_schema import compile_schema
 from omni.core.sampling_params import SamplingParams
 from omni.engine.json_outputs import token_bytes
 from omni.messages import StageInput

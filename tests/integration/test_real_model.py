@@ -114,3 +114,39 @@ def test_chat_template_answers_paris(model_dir, tokenizer):
     assert output.final.finish_reason == "stopped"  # the model ends its turn with <|im_end|>
     text = output.final.text
     assert "Paris" in text, text
+
+
+def test_openai_parse_with_a_pydantic_model(model_dir):
+    """The official client's `chat.completions.parse` (a Pydantic model as `response_format`: a
+    strict json_schema with $defs and anyOf) against the real model served in-process."""
+    import openai
+    from fastapi.testclient import TestClient
+    from pydantic import BaseModel
+
+    from omni import AsyncOmni
+    from omni.entrypoints.openai.app import build_app
+    from omni.entrypoints.openai.args import ServerArgs
+
+    class Country(BaseModel):
+        name: str
+        continent: str | None
+
+    class City(BaseModel):
+        name: str
+        country: Country
+
+    engine = AsyncOmni(model=model_dir, runtime={"backend": "local"}, **on_cpu("llm"))
+    try:
+        with TestClient(build_app(engine, ServerArgs(model_name="smol"))) as http:
+            client = openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http)
+            messages = [{"role": "user", "content": "Describe the city of Paris as JSON."}]
+            completion = client.chat.completions.parse(
+                model="smol", messages=messages, response_format=City, max_tokens=64, temperature=0
+            )
+    finally:
+        engine.shutdown()
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop", choice
+    city = choice.message.parsed
+    assert isinstance(city, City) and isinstance(city.country, Country), choice.message.content
+    assert "Paris" in city.name, city

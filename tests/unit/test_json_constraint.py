@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from omni.core.json_constraint import JsonConstraint, TokenBytes
-from omni.core.json_grammar import compile_schema, step
+from omni.core.json_grammar import step
+from omni.core.json_schema import compile_schema
 
 MULTI = [b'{"', b'":', b'": ', b'",', b'", "', b'"}', b"}}", b'\\"', b"\\n", b"ab", b" a",
          b'a"', b"12", b"3.", b".5", b"e-", b"true", b"null", b"  ", b"\n  ", b"],", b"[{",

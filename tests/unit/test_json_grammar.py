@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from omni.core.json_grammar import ANY, compile_schema, initial, is_complete, step
+from omni.core.json_grammar import initial, is_complete, step
+from omni.core.json_schema import ANY, compile_schema
 from omni.core.sampling_params import SamplingParams
 
 
@@ -132,7 +133,10 @@ def test_objects_without_properties_take_any_keys_or_none():
 @pytest.mark.parametrize(
     ("schema", "message"),
     [
-        ({"anyOf": [{"type": "string"}]}, "schema.anyOf: not supported"),
+        ({"oneOf": [{"type": "string"}]}, "schema.oneOf: not supported"),
+        ({"anyOf": [{"type": "string"}, {"enum": ["x"]}]}, "schema.anyOf.1: starts like"),
+        ({"$ref": "#/$defs/Missing"}, "schema.$ref: '#/$defs/Missing' is not a schema"),
+        ({"allOf": [{}, {}]}, "schema.allOf: only a list of one schema"),
         ({"type": "object", "properties": {"a": {"type": "date"}}}, "schema.properties.a.type:"),
         ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "schema.required: 'b'"),
         ({"type": "array", "items": {"pattern": "x"}}, "schema.items.pattern: not supported"),
@@ -155,3 +159,35 @@ def test_sampling_params_keep_a_canonical_schema_text():
     assert a == b and hash(a) == hash(b) and isinstance(a.json_schema, str)
     with pytest.raises(ValueError, match="^SamplingParams.json_schema: Expecting"):
         SamplingParams(json_schema="{not json")
+
+
+def test_pydantic_models_with_refs_unions_and_recursion():
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Address(BaseModel):
+        street: str
+        zip: int | None
+
+    class Person(BaseModel):
+        name: str
+        tags: list[str]
+        home: Address
+        kind: Literal["a", "b"]
+        parent: Person | None = None  # recursive: a $ref to the schema being compiled
+
+    node = compile_schema(Person.model_json_schema())
+    grandparent = Person(name="G", tags=[], home=Address(street="s", zip=None), kind="a")
+    person = Person(
+        name="Ann \u00e9", tags=["x", "y"], home=Address(street="Main", zip=12), kind="b",
+        parent=Person(name="P", tags=["z"], home=Address(street="o", zip=3), kind="a",
+                      parent=grandparent),
+    )  # fmt: skip
+    for text in (person.model_dump_json(), person.model_dump_json(indent=2)):
+        assert accepts(node, text), text
+    assert not accepts(node, '{"name": "A", "tags": [], "kind": "a"}')  # home is required
+    bad_zip = '{"name":"A","tags":[],"home":{"street":"s","zip":"1"},"kind":"a"}'
+    assert not accepts(node, bad_zip)
+    assert not accepts(node, bad_zip.replace('"kind":"a"', '"kind":"c"').replace('"1"', "1"))
+    assert accepts(node, bad_zip.replace('"1"', "null"))

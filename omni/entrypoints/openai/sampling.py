@@ -28,7 +28,7 @@ import dataclasses
 import json
 from typing import Any
 
-from omni.core.json_grammar import compile_schema
+from omni.core.json_schema import compile_schema
 from omni.core.sampling_params import SamplingParams
 from omni.entrypoints.openai.errors import bad_request
 from omni.messages import PromptInput
@@ -155,7 +155,7 @@ def choice_plans(
 
 def json_schema_of(response_format: dict[str, Any] | None) -> str | None:
     """Chat's `response_format` as SamplingParams.json_schema: None for text, any object for
-    json_object, the schema of json_schema (omni/core/json_grammar.py's subset); a 400 naming
+    json_object, the schema of json_schema (omni/core/json_schema.py's subset); a 400 naming
     the field otherwise."""
     if response_format is None or response_format.get("type") in (None, "text"):
         return None

@@ -1,0 +1,169 @@
+"""compile_schema: a JSON schema as the `Node`s that omni/core/json_grammar.py walks.
+
+The subset (anything else is a ValueError naming its JSON path): `type` (object, array, string,
+number, integer, boolean, null, or a list of them), `properties`, `required`, `items`, `enum`,
+`const`, `anyOf` whose alternatives start differently (a string or null, an object or an array:
+what Pydantic writes for `Optional[...]` and unions of distinct types), `allOf` of one schema,
+`$ref` to `#/$defs/...` or `#/definitions/...` (recursive ones too), and the annotations
+`title`, `description`, `$schema`, `default`, `examples`, `additionalProperties` (false). So the
+schemas the openai client writes for Pydantic models (`client.beta.chat.completions.parse`) are
+served. An object with `properties` takes those keys only (OpenAI's strict mode), each at most
+once, in any order, and ends only once every `required` one is in; an object without them takes
+any keys with any values. `{}` (or no `type`) is any value.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+_ANNOTATIONS = frozenset(
+    {"title", "description", "$schema", "default", "examples", "additionalProperties", "$defs",
+     "definitions"}
+)  # fmt: skip
+_KEYWORDS = ("type", "properties", "required", "items", "enum", "const", "anyOf", "allOf", "$ref")
+_STARTS = {"object": b"{", "array": b"[", "string": b'"', "number": b"-0123456789",
+           "integer": b"-0123456789", "boolean": b"tf", "null": b"n"}  # fmt: skip
+
+
+class Node:
+    """One schema position. Compared and hashed by identity: a compiled schema's nodes are shared
+    by every state built from it."""
+
+    __slots__ = ("kinds", "properties", "required", "items", "literals", "choices")
+
+    def __init__(
+        self,
+        kinds: frozenset[str] = frozenset(),
+        properties: dict[str, Node] | None = None,
+        required: frozenset[str] = frozenset(),
+        items: Node | None = None,
+        literals: tuple[bytes, ...] = (),
+        choices: dict[int, Node] | None = None,
+    ) -> None:
+        self.kinds = kinds  # the JSON types a value may have here
+        self.properties = properties  # an object's keys and their values; None: any keys
+        self.required = required
+        self.items = items  # an array's values (None: any)
+        self.literals = literals  # enum/const: the only values, JSON-encoded
+        self.choices = choices  # anyOf: the alternative each first byte of a value starts
+
+
+ANY = Node(frozenset(TYPES))
+
+
+def compile_schema(schema: Any, path: str = "schema") -> Node:
+    """The schema's root node; a ValueError naming the path of what it cannot serve."""
+    compiler = _Compiler(schema)
+    root = compiler.node(schema, path)
+    for node, alternatives, where in compiler.unions:  # refs are all resolved by now
+        node.choices = {}
+        for index, alternative in enumerate(alternatives):
+            for byte in first_bytes(alternative):
+                if byte in node.choices:
+                    raise ValueError(
+                        f"{where}.anyOf.{index}: starts like an earlier alternative (with "
+                        f"{chr(byte)!r}); only alternatives of distinct types are supported"
+                    )
+                node.choices[byte] = alternative
+    return root
+
+
+def first_bytes(node: Node) -> set[int]:
+    """The bytes a value of `node` may start with (whitespace aside)."""
+    if node.choices is not None:
+        return set(node.choices)
+    if node.literals:
+        return {literal[0] for literal in node.literals}
+    return {byte for kind in node.kinds for byte in _STARTS[kind]}
+
+
+def encode(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class _Compiler:
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.refs: dict[str, Node] = {}
+        self.unions: list[tuple[Node, list[Node], str]] = []  # their choices, made at the end
+
+    def node(self, schema: Any, path: str) -> Node:
+        if schema is True or schema == {}:
+            return ANY
+        if not isinstance(schema, dict):
+            raise ValueError(f"{path}: a schema must be an object, got {schema!r}")
+        unknown = sorted(set(schema) - _ANNOTATIONS - set(_KEYWORDS))
+        if unknown:
+            raise ValueError(
+                f"{path}.{unknown[0]}: not supported (supported: {', '.join(_KEYWORDS)})"
+            )
+        if "$ref" in schema:
+            return self.ref(schema["$ref"], path)
+        if "allOf" in schema:
+            parts = schema["allOf"]
+            if not isinstance(parts, list) or len(parts) != 1:
+                raise ValueError(f"{path}.allOf: only a list of one schema is supported")
+            return self.node(parts[0], f"{path}.allOf.0")
+        if "anyOf" in schema:
+            options = schema["anyOf"]
+            if not isinstance(options, list) or not options:
+                raise ValueError(f"{path}.anyOf: a non-empty list, got {options!r}")
+            union = Node()
+            alternatives = [self.node(s, f"{path}.anyOf.{i}") for i, s in enumerate(options)]
+            self.unions.append((union, alternatives, path))
+            return union
+        return self.value(schema, path)
+
+    def ref(self, ref: Any, path: str) -> Node:
+        known = self.refs.get(ref)
+        if known is not None:
+            return known
+        section, _, name = str(ref).removeprefix("#/").partition("/")
+        defs = self.root.get(section) if isinstance(self.root, dict) else None
+        if (
+            section not in ("$defs", "definitions")
+            or not isinstance(defs, dict)
+            or name not in defs
+        ):
+            raise ValueError(f"{path}.$ref: {ref!r} is not a schema under #/$defs or #/definitions")
+        node = self.refs[ref] = Node()  # filled below: a recursive ref meets it unfilled
+        target = self.node(defs[name], f"schema.{section}.{name}")
+        for slot in Node.__slots__:
+            setattr(node, slot, getattr(target, slot))
+        if target.choices is None and any(u is target for u, _, _ in self.unions):
+            self.unions.append((node, next(a for u, a, _ in self.unions if u is target), path))
+        return node
+
+    def value(self, schema: dict[str, Any], path: str) -> Node:
+        extra = schema.get("additionalProperties")
+        if extra not in (None, False) and (extra not in (True, {}) or "properties" in schema):
+            raise ValueError(
+                f"{path}.additionalProperties: {extra!r} is not supported (false, or true without "
+                "properties)"
+            )
+        if "required" in schema and "properties" not in schema:
+            raise ValueError(f"{path}.required: needs properties")
+        if "enum" in schema or "const" in schema:
+            values = schema["enum"] if "enum" in schema else [schema["const"]]
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"{path}.enum: a non-empty list, got {values!r}")
+            return Node(literals=tuple(dict.fromkeys(encode(v) for v in values)))
+        kinds = schema.get("type", list(TYPES))
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if not isinstance(kinds, list) or not kinds or any(k not in TYPES for k in kinds):
+            raise ValueError(f"{path}.type: one of {list(TYPES)} or a list of them, got {kinds!r}")
+        properties: dict[str, Node] | None = {} if extra is False else None
+        required: frozenset[str] = frozenset()
+        if "properties" in schema:
+            props = schema["properties"]
+            if not isinstance(props, dict):
+                raise ValueError(f"{path}.properties: an object, got {props!r}")
+            properties = {k: self.node(v, f"{path}.properties.{k}") for k, v in props.items()}
+            required = frozenset(schema.get("required", ()))
+            missing = sorted(required - set(properties))
+            if missing:
+                raise ValueError(f"{path}.required: {missing[0]!r} is not in properties")
+        items = self.node(schema["items"], f"{path}.items") if "items" in schema else None
+        return Node(frozenset(kinds), properties, required, items)
