@@ -247,11 +247,12 @@ class ModelRunner:
         sample_ids = [e.request_id for e in sampled]
         adjusted = sample_ids if self.requests.num_adjusted else None  # penalties: whose counts
         masks = [e.allowed_tokens for e in sampled] if self.requests.num_json else None
-        chosen = masked(logits, masks) if masks else logits  # logprobs stay the model's own
+        logprobs = bool(self.requests.num_logprobs)  # read the model's own logits: mask a copy
+        chosen = masked(logits, masks, copy=logprobs) if masks else logits
         ids = self.sampler.sample(chosen, params, counts, all_greedy=all_greedy, adjusted=adjusted)
         codes = self.model.sample_codes(hidden, ids, sample_ids, params, counts)
-        logprobs = logprob_frames(logits, ids, params) if self.requests.num_logprobs else None
-        return LaunchedStep(sample_ids, ids, codes, logprobs, prompt_frames)
+        frames = logprob_frames(logits, ids, params) if logprobs else None
+        return LaunchedStep(sample_ids, ids, codes, frames, prompt_frames)
 
     def _run_padded(
         self, scheduled: list[ScheduledRequest], tracked: Tracked, fed: FedIds | None

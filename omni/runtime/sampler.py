@@ -262,18 +262,29 @@ def _filtered(
 _CANDIDATES = {"top": _top, "sorted": _sorted, "plain": _plain}
 
 
-def masked(logits: torch.Tensor, masks: list[np.ndarray | None]) -> torch.Tensor:
-    """The logits with each row's disallowed tokens at -inf, in a copy (logprobs read the model's
-    own); rows without a mask as they are. A mask is np.packbits of the row's allowed tokens
-    (SamplingParams.json_schema, omni/core/json_constraint.py): rows and masks go over in one
-    upload and are unpacked on the logits' device."""
+_BIAS_TABLES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def masked(logits: torch.Tensor, masks: list[np.ndarray | None], *, copy: bool) -> torch.Tensor:
+    """The logits with each row's disallowed tokens at -inf; rows without a mask as they are. A
+    mask is np.packbits of the row's allowed tokens (SamplingParams.json_schema,
+    omni/core/json_constraint.py): rows and masks go over in one upload, and each packed byte
+    becomes its 8 biases (0 or -inf) by one lookup on the logits' device, added to the rows.
+    copy: leave `logits` as they are (logprobs read the model's own), else add in place."""
     rows = [i for i, mask in enumerate(masks) if mask is not None]
     if not rows:
         return logits
     stacked = np.stack([mask for mask in masks if mask is not None])
     packed, index = upload([stacked, np.array(rows, dtype=np.int64)], logits.device)
-    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=logits.device)
-    allowed = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, : logits.shape[1]]
-    out = logits.clone()
-    out[index] = out[index].masked_fill(allowed == 0, float("-inf"))
-    return out
+    key = (logits.device, logits.dtype)
+    table = _BIAS_TABLES.get(key)
+    if table is None:  # byte -> its 8 bits' biases, most significant first (as np.packbits)
+        bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).astype(bool)
+        table = torch.from_numpy(np.where(bits, 0.0, -np.inf)).to(logits.device, logits.dtype)
+        table = _BIAS_TABLES[key] = table
+    bias = table.index_select(0, packed.reshape(-1).int()).view(len(rows), -1)
+    bias = bias[:, : logits.shape[1]]
+    if len(rows) == logits.shape[0]:
+        return logits + bias if copy else logits.add_(bias)
+    out = logits.clone() if copy else logits
+    return out.index_add_(0, index, bias)

@@ -118,21 +118,27 @@ def test_a_small_cache_evicts_the_least_recent_states():
     assert len(constraint._masks) == 2
 
 
-def test_the_sampler_unpacks_masks_onto_a_copy_of_the_logits():
+@pytest.mark.parametrize("copy", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("num_masked", [3, 2])
+def test_the_sampler_masks_the_logits_rows(copy, dtype, num_masked):
     import torch
 
     from omni.runtime.sampler import masked
 
     rng = np.random.default_rng(0)
-    logits = torch.randn(3, 13)  # a width that is not a multiple of 8
+    logits = torch.randn(3, 13).to(getattr(torch, dtype))  # a width not a multiple of 8
+    given = logits.clone()
     allowed = [rng.random(13) < 0.5, None, rng.random(13) < 0.5]
-    out = masked(logits, [None if a is None else np.packbits(a) for a in allowed])
+    if num_masked == 3:
+        allowed[1] = rng.random(13) < 0.5
+    out = masked(logits, [None if a is None else np.packbits(a) for a in allowed], copy=copy)
     for row, mask in enumerate(allowed):
-        expected = (
-            logits[row]
-            if mask is None
-            else logits[row].masked_fill(~torch.from_numpy(mask), float("-inf"))
-        )
-        torch.testing.assert_close(out[row], expected)
-    assert torch.isfinite(logits).all()  # the model's own logits are left as they were
-    assert masked(logits, [None, None, None]) is logits
+        expected = given[row]
+        if mask is not None:
+            expected = expected.masked_fill(~torch.from_numpy(mask), float("-inf"))
+        torch.testing.assert_close(out[row], expected, rtol=0, atol=0)
+    assert (out is logits) is not copy
+    if copy:
+        torch.testing.assert_close(logits, given, rtol=0, atol=0)  # the model's own logits
+    assert masked(logits, [None, None, None], copy=copy) is logits

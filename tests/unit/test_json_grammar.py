@@ -14,22 +14,23 @@ from omni.core.json_schema import ANY, compile_schema
 from omni.core.sampling_params import SamplingParams
 
 
-def accepts(node, text: str) -> bool:
+def walk(node, text: str):
+    """The state after the text's bytes, None once one is refused."""
     state = initial(node)
     for byte in text.encode():
         state = step(state, byte)
         if state is None:
-            return False
-    return is_complete(state)
+            return None
+    return state
+
+
+def accepts(node, text: str) -> bool:
+    state = walk(node, text)
+    return state is not None and is_complete(state)
 
 
 def prefix_ok(node, text: str) -> bool:
-    state = initial(node)
-    for byte in text.encode():
-        state = step(state, byte)
-        if state is None:
-            return False
-    return True
+    return walk(node, text) is not None
 
 
 def random_value(rng: random.Random, depth: int = 0):
