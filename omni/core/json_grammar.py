@@ -6,9 +6,11 @@
 state after one more byte (None: no JSON of the schema starts with the bytes so far),
 `is_complete(state)` whether the bytes so far are a whole value. A state is an immutable tuple of
 frames (innermost last), so states are shared, hashed and cached freely
-(omni/core/json_constraint.py caches a token mask per state). Whitespace is free between tokens,
-as JSON allows; strings take any characters (raw UTF-8 or escapes), numbers JSON's syntax
-(integers without fraction or exponent).
+(omni/core/json_constraint.py caches a token mask per state). Whitespace is free before a value
+and between its tokens, as JSON allows, but nothing follows a whole value: a model that would
+rather go on than stop (small ones do) would pad it with whitespace up to max_tokens. Strings
+take any characters (raw UTF-8 or escapes), numbers JSON's syntax (integers without fraction or
+exponent).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ _NUMBER_END = frozenset({2, 3, 5, 8})  # number phases that end a whole number
 # ("O", node, phase, seen, value) an object: phase 0 after "{", 1 after ",", 2 in a key, 3
 # before ":", 4 in a value, 5 after a value; seen: its keys so far; value: the node of the key
 # being read; ("A", node, phase) an array: 0 after "[", 1 in a value, 2 after a value, 3 after
-# ","; ("D",) a whole value read (only whitespace may follow).
+# ","; ("D",) a whole value read (nothing may follow: only a stop token).
 State = tuple[tuple[Any, ...], ...]
 
 
@@ -68,7 +70,7 @@ def step(state: State, byte: int) -> State | None:
         return _object(rest, top, byte)
     if kind == "A":
         return _array(rest, top, byte)
-    return state if byte in WHITESPACE else None  # "D"
+    return None  # "D": a whole value ends the reply (trailing whitespace could run forever)
 
 
 def _done(rest: State, key: bytes | None = None) -> State:

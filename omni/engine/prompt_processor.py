@@ -122,13 +122,16 @@ def text_decoder(tokenizer: Any | None) -> Callable[[list[int]], str | None]:
     return lambda token_ids: slow.decode(token_ids, skip_special_tokens=True)
 
 
-def chat_text(tokenizer: Any, turns: Sequence[ChatTurn]) -> str:
+def chat_text(
+    tokenizer: Any, turns: Sequence[ChatTurn], tools: list[dict[str, Any]] | None = None
+) -> str:
     """The prompt text for chat turns: `tokenizer`'s chat template when it has one (media parts
     as {"type": "image"} / {"type": "audio"}, as Hugging Face templates expect), else ChatML,
     `<|im_start|>ROLE\\nCONTENT<|im_end|>\\n` per turn then `<|im_start|>assistant\\n`, each
-    media part as its begin, placeholder and end tokens (e.g. `<|vision_bos|><|IMAGE|><|vision_eos|>`)."""
+    media part as its begin, placeholder and end tokens (e.g. `<|vision_bos|><|IMAGE|><|vision_eos|>`).
+    `tools` (OpenAI's function tools) go to the template, which renders them if it knows how."""
     if getattr(tokenizer, "chat_template", None):
-        return _templated(tokenizer, turns)
+        return _templated(tokenizer, turns, tools)
     marks = {
         kind: "".join(getattr(tokenizer, attr, None) or default for attr, default in tokens)
         for kind, tokens in _MEDIA_TOKENS.items()
@@ -141,7 +144,9 @@ def chat_text(tokenizer: Any, turns: Sequence[ChatTurn]) -> str:
     return "".join(out)
 
 
-def _templated(tokenizer: Any, turns: Sequence[ChatTurn]) -> str:
+def _templated(
+    tokenizer: Any, turns: Sequence[ChatTurn], tools: list[dict[str, Any]] | None = None
+) -> str:
     messages: list[dict[str, Any]] = []
     for role, parts in turns:
         if all(kind == "text" for kind, _ in parts):
@@ -152,7 +157,10 @@ def _templated(tokenizer: Any, turns: Sequence[ChatTurn]) -> str:
                 for kind, text in parts
             ]
             messages.append({"role": role, "content": content})
-    return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True
+    )
+    return str(text)
 
 
 class PromptProcessor:
@@ -168,10 +176,12 @@ class PromptProcessor:
         self.default_voice: str | None = None
         """The voice a prompt without "speaker" speaks in (None: no voices, or not one of them)."""
 
-    def chat_text(self, turns: Sequence[ChatTurn]) -> str:
+    def chat_text(
+        self, turns: Sequence[ChatTurn], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         """The prompt text for chat turns (module function `chat_text`); a family whose
         tokenizers carry no template and frame chats otherwise overrides it."""
-        return chat_text(self.tokenizer, turns)
+        return chat_text(self.tokenizer, turns, tools)
 
     def speech_messages(self, text: str, instructions: str | None = None) -> list[dict[str, str]]:
         """The chat that makes the pipeline say `text` (/v1/audio/speech); `instructions` are

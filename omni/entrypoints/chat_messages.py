@@ -65,11 +65,13 @@ def chat_prompt(
     framing: PromptProcessor | Any,
     messages: Sequence[ChatMessage | dict[str, Any]],
     policy: MediaPolicy | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The prompt for `messages` (ChatMessage models or the equivalent dicts), framed by
     `framing`: the pipeline's prompt processor, or a tokenizer. `policy`: where media may come
-    from (default: data: URLs only). Raises pydantic's ValidationError (a ValueError) for a
-    malformed message and MediaError naming a bad part."""
+    from (default: data: URLs only); `tools` (OpenAI's function tools) go to the chat template.
+    Raises pydantic's ValidationError (a ValueError) for a malformed message and MediaError
+    naming a bad part."""
     policy = policy or MediaPolicy()
     parsed = [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in messages]
     images: list[bytes] = []
@@ -96,9 +98,9 @@ def chat_prompt(
                     pieces.append(("audio", ""))
         turns.append((role, pieces))
     if isinstance(framing, PromptProcessor):
-        text = framing.chat_text(turns)
+        text = framing.chat_text(turns, tools)
     else:
-        text = chat_text(framing, turns)
+        text = chat_text(framing, turns, tools)
     prompt: dict[str, Any] = {"prompt": text}
     if images:
         prompt["images"] = images

@@ -260,12 +260,20 @@ BAD = [
         "top_logprobs",
     ),
     (
-        "tools",
+        "tools: a tool without a function",
         "lm",
         "chat",
         {**GOOD, "model": LM_NAME, "tools": [{"type": "function"}]},
         400,
-        "tools",
+        "tools[0].function",
+    ),
+    (
+        "tools: the default tool_choice (auto) with tools",
+        "lm",
+        "chat",
+        {**GOOD, "model": LM_NAME, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+        "tool_choice",
     ),
     (
         "json output: an unknown format",

@@ -116,9 +116,12 @@ def test_chat_template_answers_paris(model_dir, tokenizer):
     assert "Paris" in text, text
 
 
-def test_openai_parse_with_a_pydantic_model(model_dir):
+def test_openai_parse_with_pydantic_models(model_dir):
     """The official client's `chat.completions.parse` (a Pydantic model as `response_format`: a
-    strict json_schema with $defs and anyOf) against the real model served in-process."""
+    strict json_schema with $defs and anyOf; and as a named tool) against the real model served
+    in-process."""
+    from typing import Literal
+
     import openai
     from fastapi.testclient import TestClient
     from pydantic import BaseModel
@@ -135,6 +138,10 @@ def test_openai_parse_with_a_pydantic_model(model_dir):
         name: str
         country: Country
 
+    class GetWeather(BaseModel):
+        city: str
+        unit: Literal["celsius", "fahrenheit"]
+
     engine = AsyncOmni(model=model_dir, runtime={"backend": "local"}, **on_cpu("llm"))
     try:
         with TestClient(build_app(engine, ServerArgs(model_name="smol"))) as http:
@@ -143,6 +150,12 @@ def test_openai_parse_with_a_pydantic_model(model_dir):
             completion = client.chat.completions.parse(
                 model="smol", messages=messages, response_format=City, max_tokens=64, temperature=0
             )
+            weather = [{"role": "user", "content": "What is the weather in Paris?"}]
+            tool = openai.pydantic_function_tool(GetWeather)
+            called = client.chat.completions.parse(
+                model="smol", messages=weather, tools=[tool], max_tokens=64, temperature=0,
+                tool_choice={"type": "function", "function": {"name": "GetWeather"}},
+            )  # fmt: skip
     finally:
         engine.shutdown()
     choice = completion.choices[0]
@@ -150,3 +163,6 @@ def test_openai_parse_with_a_pydantic_model(model_dir):
     city = choice.message.parsed
     assert isinstance(city, City) and isinstance(city.country, Country), choice.message.content
     assert "Paris" in city.name, city
+    (call,) = called.choices[0].message.tool_calls
+    arguments = call.function.parsed_arguments
+    assert isinstance(arguments, GetWeather) and arguments.city == "Paris", call

@@ -309,3 +309,71 @@ def test_response_format_constrains_the_reply_as_the_python_api_does(client, lm_
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**kwargs, response_format={"type": "json_schema"})
     assert info.value.body["param"] == "response_format.json_schema.schema"
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "lookup", "description": "Look a word up",
+     "parameters": {"type": "object", "properties": {"word": {"type": "string"},
+                    "limit": {"type": "integer"}}, "required": ["word"]}}},
+    {"type": "function", "function": {"name": "noop"}},
+]  # fmt: skip
+
+
+def test_a_named_tool_call_is_the_constrained_reply_of_the_python_api(client, lm_dir):
+    choice = {"type": "function", "function": {"name": "lookup"}}
+    kwargs = dict(model=NAME, messages=MESSAGES, max_tokens=40, temperature=0, tools=TOOLS)
+    with Omni(model=lm_dir, runtime={"backend": "local"}, **on_cpu("llm")) as lm:
+        schema = TOOLS[0]["function"]["parameters"]
+        (expected,) = lm.chat(
+            MESSAGES, SamplingParams(max_tokens=40, json_schema=schema), use_tqdm=False
+        )
+        tokenizer = lm.async_omni.prompt_processor.tokenizer
+        arguments = tokenizer.decode(expected.final.token_ids, skip_special_tokens=True)
+    whole = client.chat.completions.create(**kwargs, tool_choice=choice).choices[0]
+    assert whole.message.content is None
+    (call,) = whole.message.tool_calls
+    assert call.type == "function" and call.function.name == "lookup"
+    assert call.function.arguments == arguments and call.id.startswith("call_")
+    assert whole.finish_reason == (
+        "stop" if expected.final.finish_reason == "stopped" else "length"
+    )
+    pieces = []
+    for chunk in client.chat.completions.create(**kwargs, tool_choice=choice, stream=True):
+        for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            pieces.append(delta_call)
+    assert pieces[0].id.startswith("call_") and pieces[0].function.name == "lookup"
+    assert all(p.index == 0 and (p is pieces[0] or p.id is None) for p in pieces)
+    assert "".join(p.function.arguments for p in pieces) == arguments
+    # A function without parameters takes an empty object (whitespace aside; cut by max_tokens).
+    noop = client.chat.completions.create(
+        **kwargs, tool_choice={"type": "function", "function": {"name": "noop"}}
+    ).choices[0]
+    assert "".join(noop.message.tool_calls[0].function.arguments.split()) in ("{}", "{")
+    plain = client.chat.completions.create(**kwargs, tool_choice="none").choices[0]
+    assert plain.message.tool_calls is None and plain.message.content is not None
+    refused = {
+        "tool_choice": dict(tool_choice="auto"),
+        "tool_choice.function.name": dict(
+            tool_choice={"type": "function", "function": {"name": "x"}}
+        ),
+        "tools[0].function.parameters.properties.word.pattern": dict(
+            tools=[
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "lookup",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"word": {"type": "string", "pattern": "a+"}},
+                        },
+                    },
+                }
+            ],
+            tool_choice=choice,
+        ),  # fmt: skip
+        "response_format": dict(tool_choice=choice, response_format={"type": "json_object"}),
+    }
+    for param, extra in refused.items():
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(**(kwargs | extra))
+        assert info.value.body["param"] == param, info.value.body

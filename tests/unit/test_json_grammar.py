@@ -57,7 +57,8 @@ def test_any_value_accepts_what_json_writes():
         for indent in (None, 2):
             text = json.dumps(value, indent=indent, ensure_ascii=rng.random() < 0.5)
             assert accepts(ANY, text), text
-            assert accepts(ANY, f" \n{text}\t ")  # whitespace around a value
+            assert accepts(ANY, f" \n{text}")  # whitespace may lead
+            assert not prefix_ok(ANY, f"{text} ")  # nothing follows a whole value
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ import dataclasses
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
 
-from omni.entrypoints.openai import chat_choice, sampling, streaming
+from omni.entrypoints.openai import chat_choice, sampling, streaming, tools
 from omni.entrypoints.openai.chat_choice import ChatChoice
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request
@@ -37,11 +37,7 @@ MAX_CHOICES = streaming.MAX_CHOICES
 
 def _unsupported(body: ChatCompletionRequest) -> list[tuple[str, object, bool]]:
     """(field, value, served): OpenAI fields omni serves at their defaults only."""
-    return [
-        ("tools", body.tools, not body.tools),
-        ("tool_choice", body.tool_choice, body.tool_choice in (None, "none")),
-        ("store", body.store, not body.store),
-    ]
+    return [("store", body.store, not body.store)]
 
 
 async def create(ctx: Context, request: Request, body: ChatCompletionRequest) -> Response:
@@ -54,6 +50,14 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
             raise bad_request(f"{name}: {value!r} is not supported", name, "unsupported_value")
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs: needs logprobs set to true", "top_logprobs")
+    call = tools.tool_call(body.tools, body.tool_choice)
+    json_schema = sampling.json_schema_of(body.response_format)
+    if call is not None and json_schema is not None:
+        raise bad_request(
+            "response_format: a named tool_choice makes the reply the function's arguments "
+            "already; leave response_format out (or {'type': 'text'})",
+            "response_format",
+        )
     text_stage = ctx.text_stage()
     modalities = body.modalities or ["text"]
     want_audio = "audio" in modalities
@@ -81,6 +85,12 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
                 "unsupported_value",
             )
         speaker = ctx.voice(body.audio.voice, "audio.voice")
+        if call is not None:
+            raise bad_request(
+                "tool_choice: a function call is text; ask for modalities ['text']",
+                "tool_choice",
+                "unsupported_value",
+            )
         if n > 1:
             raise bad_request(
                 f"n: {n} choices are served for text replies only (without audio)",
@@ -96,9 +106,14 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         default_max_tokens=ctx.args.max_tokens,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         text_final=not want_audio,
+        json_schema=json_schema if call is None else call.json_schema,
     )
     prompt = await asyncio.to_thread(
-        chat_prompt, ctx.async_omni.prompt_processor, body.messages, ctx.args
+        chat_prompt,
+        ctx.async_omni.prompt_processor,
+        body.messages,
+        ctx.args,
+        None if call is None else call.tools,
     )
     if body.cache_salt is not None:
         prompt["cache_salt"] = body.cache_salt
@@ -117,7 +132,7 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
     final_stage = None if want_audio else text_stage
     timer = ctx.metrics.timer(ENDPOINT)
     choices = [
-        ChatChoice(ctx, body, request_id, text_stage, plan, want_audio, j)
+        ChatChoice(ctx, body, request_id, text_stage, plan, want_audio, j, call)
         for j, plan in enumerate(plans)
     ]
     for choice in choices[1:]:  # one completion: every chunk has the same `created`

@@ -1,6 +1,8 @@
 """ChatChoice: one choice of a chat completion (omni/entrypoints/openai/chat.py): its cursors over
 the request's snapshots, its response message, and its streamed chunks (the text as it comes,
-audio as the vocoder decodes it, with the logprobs of the tokens each piece carries)."""
+audio as the vocoder decodes it, with the logprobs of the tokens each piece carries). With a named
+tool_choice (omni/entrypoints/openai/tools.py) the text is the call's `arguments`, in
+`tool_calls` instead of `content`."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from omni.entrypoints.openai import audio_encoding, sampling, streaming
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.logprobs import LogprobCursor
 from omni.entrypoints.openai.protocol import ChatCompletionRequest
+from omni.entrypoints.openai.tools import ToolCall, new_call_id
 from omni.entrypoints.snapshot_cursor import SnapshotCursor, SnapshotNews
 from omni.messages import OmniOutput
 
@@ -30,6 +33,7 @@ class ChatChoice:
         plan: sampling.Plan,
         want_audio: bool,
         index: int = 0,
+        call: ToolCall | None = None,
     ) -> None:
         self.ctx = ctx
         self.index = index
@@ -42,11 +46,17 @@ class ChatChoice:
         self.created = int(time.time())
         self.audio_id = new_id("audio")
         self.audio_sent = False
+        self.call = call  # a named function call: the text is its arguments
+        self.call_id = new_call_id()
+        self.call_sent = False
 
     def message(self, out: OmniOutput) -> dict[str, Any]:
         """This choice in a whole response: its message, finish reason and logprobs."""
         text = self.cursor.text(out)
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if self.call is not None:
+            message["content"] = None
+            message["tool_calls"] = [self.call.message_call(self.call_id, text)]
         if self.want_audio:
             final = out.final
             assert self.body.audio is not None
@@ -108,16 +118,25 @@ class ChatChoice:
         of a character), the audio's end, the finish reason."""
         chunks = []
         rest = self.logprobs.new(out)
-        if rest is not None and rest["content"]:
+        if (rest is not None and rest["content"]) or (self.call and not self.call_sent):
             chunks.append(self.chunk(self._text_delta(""), None, rest))
         if self.audio_sent:
             expires_at = int(time.time()) + AUDIO_TTL_S
             chunks.append(self.chunk({"audio": {"id": self.audio_id, "expires_at": expires_at}}))
         return chunks + [self.chunk({}, streaming.finish_reason(out, self.text_stage))]
 
+    def role_delta(self) -> dict[str, Any]:
+        return {"role": "assistant", "content": None if self.call else ""}
+
     def _text_delta(self, text: str) -> dict[str, Any]:
         """New text: `content` for text clients and, with audio, the transcript as OpenAI
-        streams it."""
+        streams it; a function call's arguments (its id, type and name in the first piece)."""
+        if self.call is not None:
+            piece: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+            if not self.call_sent:
+                self.call_sent = True
+                piece = self.call.message_call(self.call_id, text) | {"index": 0}
+            return {"tool_calls": [piece]}
         if not self.want_audio:
             return {"content": text}
         return {"content": text, "audio": {"id": self.audio_id, "transcript": text}}
@@ -166,7 +185,7 @@ async def stream(choices: list[ChatChoice], runs: list[Any], timer: Any) -> Asyn
     ok = False
     try:
         for choice in choices:
-            yield choice.chunk({"role": "assistant", "content": ""})
+            yield choice.chunk(choice.role_delta())
         async with contextlib.aclosing(streaming.merged(runs)) as snapshots:
             async for index, out in snapshots:
                 lasts[index] = out

@@ -32,13 +32,15 @@ def chat_prompt(
     framing: PromptProcessor | Any,
     messages: Sequence[ChatMessage | dict[str, Any]],
     args: ServerArgs | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The prompt for `messages` (ChatMessage models or the equivalent dicts), framed by
     `framing`: the pipeline's prompt processor, or a tokenizer. `args` is the media policy
-    (default: data: URLs only). Raises OpenAIError (400) naming a bad part."""
+    (default: data: URLs only); `tools` go to the chat template. Raises OpenAIError (400)
+    naming a bad part."""
     policy = media_policy(args or ServerArgs(model_name=""))
     try:
-        return chat_messages.chat_prompt(framing, messages, policy)
+        return chat_messages.chat_prompt(framing, messages, policy, tools)
     except MediaError as e:
         raise bad_request(e.message, e.param, e.code) from None
 

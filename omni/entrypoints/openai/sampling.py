@@ -124,6 +124,7 @@ def choice_plans(
     prompt_logprobs: int | None = None,
     text_final: bool,
     default_max_tokens: int | None,
+    json_schema: str | None = None,
 ) -> list[Plan]:
     """One Plan per choice of a chat or completions request (its OpenAI sampling fields, from
     `body`); choice j of a request with a `seed` samples with seed + j, so that the choices
@@ -145,7 +146,7 @@ def choice_plans(
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             text_final=text_final,
-            json_schema=json_schema_of(getattr(body, "response_format", None)),
+            json_schema=json_schema,
             until_end=True,
             default_max_tokens=default_max_tokens,
         )
