@@ -10,6 +10,7 @@ template, else ChatML with media parts framed by the tokenizer's own media token
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import re
@@ -20,7 +21,10 @@ from omni.messages import PromptInput
 
 ChatTurn = tuple[str, Sequence[tuple[str, str]]]
 """One chat message for `chat_text`: (role, parts), each part (kind, text) with kind "text",
-"image" or "audio" (a media part's text is "": the prompt's images / audio hold the items)."""
+"image" or "audio" (a media part's text is "": the prompt's images / audio hold the items),
+"tool_calls" (an assistant's calls: JSON of [{id, type, function: {name, arguments}}]) or
+"tool_call_id" (a tool message's answer to that call)."""
+_TOOL_KINDS = ("tool_calls", "tool_call_id")
 
 SPEECH_INSTRUCTION = "Repeat the user's text exactly, word for word, and say nothing else."
 """The system message of the speech prompt: a talker speaks the thinker's reply, so the speech
@@ -136,9 +140,13 @@ def chat_text(
         kind: "".join(getattr(tokenizer, attr, None) or default for attr, default in tokens)
         for kind, tokens in _MEDIA_TOKENS.items()
     }
+    marks["tool_call_id"] = ""
     out = []
     for role, parts in turns:
-        body = "".join(text if kind == "text" else marks[kind] for kind, text in parts)
+        body = "".join(
+            text if kind == "text" else _hermes(text) if kind == "tool_calls" else marks[kind]
+            for kind, text in parts
+        )
         out.append(f"<|im_start|>{role}\n{body}<|im_end|>\n")
     out.append("<|im_start|>assistant\n")
     return "".join(out)
@@ -148,19 +156,43 @@ def _templated(
     tokenizer: Any, turns: Sequence[ChatTurn], tools: list[dict[str, Any]] | None = None
 ) -> str:
     messages: list[dict[str, Any]] = []
-    for role, parts in turns:
+    for role, turn_parts in turns:
+        parts = [(kind, text) for kind, text in turn_parts if kind not in _TOOL_KINDS]
         if all(kind == "text" for kind, _ in parts):
-            messages.append({"role": role, "content": "".join(text for _, text in parts)})
+            message: dict[str, Any] = {"role": role, "content": "".join(t for _, t in parts)}
         else:
             content = [
                 {"type": "text", "text": text} if kind == "text" else {"type": kind}
                 for kind, text in parts
             ]
-            messages.append({"role": role, "content": content})
+            message = {"role": role, "content": content}
+        for kind, text in turn_parts:  # as transformers' templates take them: arguments a dict
+            if kind == "tool_calls":
+                message["tool_calls"] = [_with_arguments_parsed(c) for c in json.loads(text)]
+            elif kind == "tool_call_id":
+                message["tool_call_id"] = text
+        messages.append(message)
     text = tokenizer.apply_chat_template(
         messages, tools=tools, tokenize=False, add_generation_prompt=True
     )
     return str(text)
+
+
+def _with_arguments_parsed(call: dict[str, Any]) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call["function"]["arguments"])
+    except ValueError:
+        return call
+    return call | {"function": call["function"] | {"arguments": arguments}}
+
+
+def _hermes(calls: str) -> str:
+    """An assistant's tool calls as text without a template (the Hermes form Qwen uses)."""
+    return "".join(
+        f'\n<tool_call>\n{{"name": {json.dumps(c["function"]["name"])}, "arguments": '
+        f"{c['function']['arguments']}}}\n</tool_call>"
+        for c in json.loads(calls)
+    )
 
 
 class PromptProcessor:

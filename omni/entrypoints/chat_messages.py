@@ -11,10 +11,11 @@ messages are framed as `system`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omni.engine.prompt_processor import PromptProcessor, chat_text
 from omni.entrypoints import media_parts
@@ -55,10 +56,34 @@ class AudioPart(Strict):
 ContentPart = Annotated[TextPart | ImagePart | AudioPart, Field(discriminator="type")]
 
 
+class FunctionCall(Strict):
+    name: str
+    arguments: str
+
+
+class ToolCall(Strict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    """An assistant's function calls (an earlier reply), for the chat template."""
+    tool_call_id: str | None = None
+    """A tool message: the call it answers."""
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            what = "a tool message needs" if self.role == "tool" else "only tool messages take"
+            raise ValueError(f"tool_call_id: {what} one")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls: only assistant messages make calls")
+        return self
 
 
 def chat_prompt(
@@ -96,6 +121,10 @@ def chat_prompt(
                     data, fmt = part.input_audio.data, part.input_audio.format
                     audio.append(media_parts.load_audio(data, fmt, f"{param}.input_audio"))
                     pieces.append(("audio", ""))
+        if message.tool_calls:
+            pieces.append(("tool_calls", json.dumps([c.model_dump() for c in message.tool_calls])))
+        if message.tool_call_id is not None:
+            pieces.append(("tool_call_id", message.tool_call_id))
         turns.append((role, pieces))
     if isinstance(framing, PromptProcessor):
         text = framing.chat_text(turns, tools)

@@ -1,0 +1,106 @@
+"""Chat tools: `tool_call` checks `tools` / `tool_choice` (a named call served, the rest refused
+naming the field), and the conversation's tool turns (an assistant's calls, a tool's answer) reach
+the chat template as transformers' templates take them, or ChatML in Qwen's Hermes form."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+from transformers import AutoTokenizer
+
+from omni.entrypoints.chat_messages import ChatMessage, chat_prompt
+from omni.entrypoints.openai.errors import OpenAIError
+from omni.entrypoints.openai.tools import NO_PARAMETERS, tool_call
+
+PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [
+    {"type": "function", "function": {"name": "weather", "parameters": PARAMETERS}},
+    {"type": "function", "function": {"name": "now"}},
+]
+NAMED = {"type": "function", "function": {"name": "weather"}}
+
+
+def test_a_named_choice_is_served():
+    assert tool_call(None, None) is None and tool_call(TOOLS, "none") is None
+    call = tool_call(TOOLS, NAMED)
+    assert call is not None and call.name == "weather" and call.tools == TOOLS
+    assert json.loads(call.json_schema) == PARAMETERS
+    bare = tool_call(TOOLS, {"type": "function", "function": {"name": "now"}})
+    assert bare is not None and json.loads(bare.json_schema) == NO_PARAMETERS
+    message = call.message_call("call_x", '{"city": "Oslo"}')
+    assert message == {"id": "call_x", "type": "function",
+                       "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tools", "choice", "param"),
+    [
+        (TOOLS, None, "tool_choice"),  # OpenAI's default with tools: auto
+        (TOOLS, "auto", "tool_choice"),
+        (TOOLS, "required", "tool_choice"),
+        (TOOLS, "sometimes", "tool_choice"),
+        (TOOLS, {"type": "function", "function": {"name": "x"}}, "tool_choice.function.name"),
+        ([{"type": "retrieval"}], NAMED, "tools[0].type"),
+        ([{"type": "function", "function": {"name": "a b"}}], NAMED, "tools[0].function.name"),
+        ([{"type": "function", "function": {"name": "weather", "parameters": []}}], NAMED,
+         "tools[0].function.parameters"),
+        ([{"type": "function", "function": {"name": "weather", "parameters": {"not": {}}}}],
+         NAMED, "tools[0].function.parameters.not"),
+    ],
+)  # fmt: skip
+def test_what_is_not_served_is_refused_naming_the_field(tools, choice, param):
+    with pytest.raises(OpenAIError) as info:
+        tool_call(tools, choice)
+    assert info.value.body()["error"]["param"] == param
+
+
+CALLS = [{"id": "call_1", "type": "function",
+          "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]  # fmt: skip
+CONVERSATION = [
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": CALLS},
+    {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
+]
+TEMPLATE = (
+    "{% for t in tools or [] %}[tool {{ t.function.name }}]{% endfor %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}[call {{ c.function.name }} {{ c.function.arguments.city }}]"
+    "{% endfor %}{% if m.tool_call_id %}[answers {{ m.tool_call_id }}]{% endif %}{% endfor %}"
+    "<assistant>"
+)
+
+
+def test_tool_turns_reach_the_chat_template(qwen2_dir):
+    tokenizer = AutoTokenizer.from_pretrained(qwen2_dir)
+    tokenizer.chat_template = TEMPLATE
+    text = chat_prompt(tokenizer, CONVERSATION, tools=TOOLS)["prompt"]
+    assert text == (
+        "[tool weather][tool now]<user>Weather in Oslo?<assistant>[call weather Oslo]"
+        "<tool>rain[answers call_1]<assistant>"
+    )  # the arguments reach the template parsed, as transformers' templates take them
+
+
+def test_tool_turns_without_a_template_are_chatml_in_hermes_form(qwen2_dir):
+    tokenizer = AutoTokenizer.from_pretrained(qwen2_dir)
+    assert not tokenizer.chat_template
+    text = chat_prompt(tokenizer, CONVERSATION)["prompt"]
+    assert text == (
+        "<|im_start|>user\nWeather in Oslo?<|im_end|>\n"
+        '<|im_start|>assistant\n\n<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}'
+        "\n</tool_call><|im_end|>\n<|im_start|>tool\nrain<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        ({"role": "tool", "content": "x"}, "tool_call_id: a tool message needs one"),
+        ({"role": "user", "content": "x", "tool_call_id": "c"}, "only tool messages take one"),
+        ({"role": "user", "content": "x", "tool_calls": CALLS}, "only assistant messages make"),
+    ],
+)
+def test_tool_fields_on_the_wrong_messages_are_refused(message, error):
+    with pytest.raises(ValidationError, match=error):
+        ChatMessage.model_validate(message)
