@@ -6,9 +6,10 @@
 state after one more byte (None: no JSON of the schema starts with the bytes so far),
 `is_complete(state)` whether the bytes so far are a whole value. A state is an immutable tuple of
 frames (innermost last), so states are shared, hashed and cached freely
-(omni/core/json_constraint.py caches a token mask per state). Whitespace is free before a value
-and between its tokens, as JSON allows, but nothing follows a whole value: a model that would
-rather go on than stop (small ones do) would pad it with whitespace up to max_tokens. Strings
+(omni/core/json_constraint.py caches a token mask per state). Whitespace is free between a
+value's tokens, as JSON allows, but the reply starts with its value and ends with it: a model
+that would rather go on than stop (small ones do) would pad it with whitespace up to
+max_tokens. Strings
 take any characters (raw UTF-8 or escapes), numbers JSON's syntax (integers without fraction or
 exponent).
 """
@@ -34,7 +35,8 @@ _NUMBER_END = frozenset({2, 3, 5, 8})  # number phases that end a whole number
 # ("O", node, phase, seen, value) an object: phase 0 after "{", 1 after ",", 2 in a key, 3
 # before ":", 4 in a value, 5 after a value; seen: its keys so far; value: the node of the key
 # being read; ("A", node, phase) an array: 0 after "[", 1 in a value, 2 after a value, 3 after
-# ","; ("D",) a whole value read (nothing may follow: only a stop token).
+# ","; ("T", node, phase) a tool call (Node.tags): 0 in its opening, 1 in its arguments, 2
+# after them; ("D",) a whole value read (nothing may follow: only a stop token).
 State = tuple[tuple[Any, ...], ...]
 
 
@@ -70,6 +72,8 @@ def step(state: State, byte: int) -> State | None:
         return _object(rest, top, byte)
     if kind == "A":
         return _array(rest, top, byte)
+    if kind == "T":  # after a tool call's arguments: whitespace, then its closing brace
+        return rest + (top,) if byte in WHITESPACE else _done(rest) if byte == ord("}") else None
     return None  # "D": a whole value ends the reply (trailing whitespace could run forever)
 
 
@@ -80,6 +84,11 @@ def _done(rest: State, key: bytes | None = None) -> State:
     top = rest[-1]
     if top[0] == "A":
         return rest[:-1] + (("A", top[1], 2),)
+    if top[0] == "T":  # its opening (key) picked the arguments' node; or they ended
+        node = top[1]
+        if top[2] == 1:
+            return rest[:-1] + (("T", node, 2),)
+        return rest[:-1] + (("T", node, 1), ("V", node.tags[key]))
     node, phase, seen, value = top[1:]
     if phase == 2:  # a key: the node of its value
         if node.properties is None:
@@ -90,13 +99,15 @@ def _done(rest: State, key: bytes | None = None) -> State:
 
 
 def _value(rest: State, node: Node, byte: int) -> State | None:
-    if byte in WHITESPACE:
-        return rest + (("V", node),)
+    if byte in WHITESPACE:  # not before the reply's value: it starts with it
+        return rest + (("V", node),) if rest else None
     if node.choices is not None:  # anyOf: the alternative this byte starts
         chosen = node.choices.get(byte)
         return None if chosen is None else _value(rest, chosen, byte)
     if node.literals:
         return _literal(rest, ("L", node.literals, 0), byte)
+    if node.tags:  # a tool call: its opening (name included) picks its arguments' node
+        return _literal(rest + (("T", node, 0),), ("L", tuple(node.tags), 0), byte)
     kinds = node.kinds
     if byte == ord("{") and "object" in kinds:
         return rest + (("O", node, 0, frozenset(), None),)
@@ -155,7 +166,7 @@ def _literal(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
     ended = next((lit for lit in literals if len(lit) == pos), None)
     if ended is None:
         return None
-    is_key = bool(rest) and rest[-1][0] == "O" and rest[-1][2] == 2
+    is_key = bool(rest) and (rest[-1][0] == "O" and rest[-1][2] == 2 or rest[-1][:3:2] == ("T", 0))
     return step(_done(rest, ended if is_key else None), byte)
 
 

@@ -23,6 +23,7 @@ _ANNOTATIONS = frozenset(
      "definitions"}
 )  # fmt: skip
 _KEYWORDS = ("type", "properties", "required", "items", "enum", "const", "anyOf", "allOf", "$ref")
+_EXTENSIONS = frozenset({"x-omni-tool-call"})
 _STARTS = {"object": b"{", "array": b"[", "string": b'"', "number": b"-0123456789",
            "integer": b"-0123456789", "boolean": b"tf", "null": b"n"}  # fmt: skip
 
@@ -31,7 +32,7 @@ class Node:
     """One schema position. Compared and hashed by identity: a compiled schema's nodes are shared
     by every state built from it."""
 
-    __slots__ = ("kinds", "properties", "required", "items", "literals", "choices")
+    __slots__ = ("kinds", "properties", "required", "items", "literals", "choices", "tags")
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class Node:
         items: Node | None = None,
         literals: tuple[bytes, ...] = (),
         choices: dict[int, Node] | None = None,
+        tags: dict[bytes, Node] | None = None,
     ) -> None:
         self.kinds = kinds  # the JSON types a value may have here
         self.properties = properties  # an object's keys and their values; None: any keys
@@ -48,9 +50,15 @@ class Node:
         self.items = items  # an array's values (None: any)
         self.literals = literals  # enum/const: the only values, JSON-encoded
         self.choices = choices  # anyOf: the alternative each first byte of a value starts
+        self.tags = tags  # TOOL_CALL: a call's opening text (up to its arguments) -> arguments
 
 
 ANY = Node(frozenset(TYPES))
+TOOL_CALL = "x-omni-tool-call"
+"""omni's keyword for one function call, `{"x-omni-tool-call": {name: parameters schema}}`: the
+object `{"name": "<name>", "arguments": <JSON of its parameters>}`, spelled as Qwen's Hermes
+calls are, the name and the arguments' schema chosen by the text so far (chat's tool_choice
+"required", omni/entrypoints/openai/tools.py)."""
 
 
 def compile_schema(schema: Any, path: str = "schema") -> Node:
@@ -76,7 +84,28 @@ def first_bytes(node: Node) -> set[int]:
         return set(node.choices)
     if node.literals:
         return {literal[0] for literal in node.literals}
+    if node.tags:
+        return {ord("{")}
     return {byte for kind in node.kinds for byte in _STARTS[kind]}
+
+
+def call_opening(name: str) -> bytes:
+    """A TOOL_CALL's text up to its arguments."""
+    return b'{"name": ' + encode(name) + b', "arguments": '
+
+
+def call_parts(text: str) -> tuple[str, str] | None:
+    """A TOOL_CALL reply's (name, arguments) once its name is whole (None before): the arguments
+    as far as they can be known to be, without the call's closing brace and the whitespace at
+    the end (a `}` at the end may be that brace, so it waits for more text); for a whole reply,
+    `.rstrip()` of them is all of its arguments. Each is a prefix of the next, as text comes."""
+    start = text.find('{"name": "')
+    end = text.find('", "arguments": ', start)
+    if start < 0 or end < 0:
+        return None
+    name = json.loads(text[start + 9 : end + 1])
+    arguments = text[end + len('", "arguments": ') :].rstrip()
+    return name, arguments[:-1].rstrip() if arguments.endswith("}") else arguments
 
 
 def encode(value: Any) -> bytes:
@@ -94,13 +123,21 @@ class _Compiler:
             return ANY
         if not isinstance(schema, dict):
             raise ValueError(f"{path}: a schema must be an object, got {schema!r}")
-        unknown = sorted(set(schema) - _ANNOTATIONS - set(_KEYWORDS))
+        unknown = sorted(set(schema) - _ANNOTATIONS - set(_KEYWORDS) - _EXTENSIONS)
         if unknown:
             raise ValueError(
                 f"{path}.{unknown[0]}: not supported (supported: {', '.join(_KEYWORDS)})"
             )
         if "$ref" in schema:
             return self.ref(schema["$ref"], path)
+        if TOOL_CALL in schema:
+            calls = schema[TOOL_CALL]
+            if not isinstance(calls, dict) or not calls:
+                raise ValueError(f"{path}.{TOOL_CALL}: an object of name -> parameters schema")
+            # Each tool's parameters are a schema of their own (their $refs into their $defs).
+            tags = {call_opening(name): compile_schema(params, f"{path}.{TOOL_CALL}.{name}")
+                    for name, params in calls.items()}  # fmt: skip
+            return Node(tags=tags)
         if "allOf" in schema:
             parts = schema["allOf"]
             if not isinstance(parts, list) or len(parts) != 1:

@@ -138,6 +138,9 @@ def test_openai_parse_with_pydantic_models(model_dir):
         name: str
         country: Country
 
+    class Clock(BaseModel):
+        zone: str
+
     class GetWeather(BaseModel):
         city: str
         unit: Literal["celsius", "fahrenheit"]
@@ -156,8 +159,16 @@ def test_openai_parse_with_pydantic_models(model_dir):
                 model="smol", messages=weather, tools=[tool], max_tokens=64, temperature=0,
                 tool_choice={"type": "function", "function": {"name": "GetWeather"}},
             )  # fmt: skip
+            clock = openai.pydantic_function_tool(Clock)
+            required = client.chat.completions.parse(
+                model="smol", messages=weather, tools=[clock, tool], max_tokens=64,
+                temperature=0, tool_choice="required",
+            )  # fmt: skip
     finally:
         engine.shutdown()
+    (any_call,) = required.choices[0].message.tool_calls
+    assert required.choices[0].finish_reason == "tool_calls", required
+    assert isinstance(any_call.function.parsed_arguments, (Clock, GetWeather)), any_call
     choice = completion.choices[0]
     assert choice.finish_reason == "stop", choice
     city = choice.message.parsed

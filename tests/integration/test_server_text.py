@@ -349,6 +349,18 @@ def test_a_named_tool_call_is_the_constrained_reply_of_the_python_api(client, lm
         **kwargs, tool_choice={"type": "function", "function": {"name": "noop"}}
     ).choices[0]
     assert "".join(noop.message.tool_calls[0].function.arguments.split()) in ("{}", "{")
+    # "required": one call of any tool, whole and streamed alike.
+    required = client.chat.completions.create(**kwargs, tool_choice="required").choices[0]
+    (call,) = required.message.tool_calls
+    assert required.message.content is None and required.finish_reason in ("tool_calls", "length")
+    cut = required.finish_reason == "length"  # random weights: maybe before the name is out
+    assert call.function.name in ("lookup", "noop") or (cut and call.function.name == "")
+    pieces = []
+    for chunk in client.chat.completions.create(**kwargs, tool_choice="required", stream=True):
+        pieces += (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []
+    if pieces:
+        assert pieces[0].function.name == call.function.name
+    assert "".join(p.function.arguments for p in pieces) == call.function.arguments
     plain = client.chat.completions.create(**kwargs, tool_choice="none").choices[0]
     assert plain.message.tool_calls is None and plain.message.content is not None
     refused = {

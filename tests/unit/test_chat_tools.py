@@ -10,9 +10,11 @@ import pytest
 from pydantic import ValidationError
 from transformers import AutoTokenizer
 
+from omni.core.json_grammar import initial, is_complete, step
+from omni.core.json_schema import compile_schema
 from omni.entrypoints.chat_messages import ChatMessage, chat_prompt
 from omni.entrypoints.openai.errors import OpenAIError
-from omni.entrypoints.openai.tools import NO_PARAMETERS, tool_call
+from omni.entrypoints.openai.tools import NO_PARAMETERS, CallCursor, tool_call
 
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [
@@ -22,6 +24,14 @@ TOOLS = [
 NAMED = {"type": "function", "function": {"name": "weather"}}
 
 
+def accepts(node, text: str) -> bool:
+    state = initial(node)
+    for byte in text.encode():
+        if (state := step(state, byte)) is None:
+            return False
+    return is_complete(state)
+
+
 def test_a_named_choice_is_served():
     assert tool_call(None, None) is None and tool_call(TOOLS, "none") is None
     call = tool_call(TOOLS, NAMED)
@@ -29,9 +39,41 @@ def test_a_named_choice_is_served():
     assert json.loads(call.json_schema) == PARAMETERS
     bare = tool_call(TOOLS, {"type": "function", "function": {"name": "now"}})
     assert bare is not None and json.loads(bare.json_schema) == NO_PARAMETERS
-    message = call.message_call("call_x", '{"city": "Oslo"}')
-    assert message == {"id": "call_x", "type": "function",
-                       "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}  # fmt: skip
+    cursor = CallCursor(call)
+    assert cursor.message('{"city": "Oslo"}') == {"id": cursor.id, "type": "function",
+        "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}  # fmt: skip
+    assert cursor.id.startswith("call_") and len(cursor.id) == 29
+    assert call.finish_reason("stop") == "stop"  # as OpenAI answers a named choice
+
+
+def test_required_is_one_call_of_any_tool_spelled_as_hermes_calls_are():
+    call = tool_call(TOOLS, "required")
+    assert call is not None and call.name is None and call.finish_reason("stop") == "tool_calls"
+    assert call.finish_reason("length") == "length"
+    node = compile_schema(json.loads(call.json_schema))
+    for text, ok in [
+        ('{"name": "weather", "arguments": {"city": "Oslo"}}', True),
+        ('{"name": "now", "arguments": {}}', True),
+        ('{"name": "now", "arguments": { } }', True),
+        ('{"name": "weather", "arguments": {}}', False),  # its schema: city is required
+        ('{"name": "later", "arguments": {}}', False),
+        ('{"name":"now","arguments":{}}', False),  # spelled as Hermes calls are
+        ('[{"name": "now", "arguments": {}}]', False),  # one call
+    ]:
+        assert accepts(node, text) is ok, text
+
+
+def test_a_streamed_call_joins_to_the_whole_one():
+    text = '{"name": "weather", "arguments": {"city": "O}slo", "x": {"y": 1} } }'
+    whole = CallCursor(tool_call(TOOLS, "required")).message(text)["function"]
+    assert whole == {"name": "weather", "arguments": '{"city": "O}slo", "x": {"y": 1} }'}
+    for cut in range(1, len(text)):  # every split into two pieces, then the end
+        cursor = CallCursor(tool_call(TOOLS, "required"))
+        deltas = [cursor.delta(text[:cut]), cursor.delta(text[cut:]), cursor.delta("", whole=True)]
+        pieces = [d["tool_calls"][0] for d in deltas if d is not None]
+        assert pieces[0]["id"] == cursor.id and pieces[0]["function"]["name"] == "weather"
+        assert all("id" not in p and "name" not in p["function"] for p in pieces[1:])
+        assert "".join(p["function"]["arguments"] for p in pieces) == whole["arguments"], cut
 
 
 @pytest.mark.parametrize(
@@ -39,7 +81,7 @@ def test_a_named_choice_is_served():
     [
         (TOOLS, None, "tool_choice"),  # OpenAI's default with tools: auto
         (TOOLS, "auto", "tool_choice"),
-        (TOOLS, "required", "tool_choice"),
+        ([], "required", "tool_choice"),
         (TOOLS, "sometimes", "tool_choice"),
         (TOOLS, {"type": "function", "function": {"name": "x"}}, "tool_choice.function.name"),
         ([{"type": "retrieval"}], NAMED, "tools[0].type"),

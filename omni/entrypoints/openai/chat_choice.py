@@ -1,7 +1,7 @@
 """ChatChoice: one choice of a chat completion (omni/entrypoints/openai/chat.py): its cursors over
 the request's snapshots, its response message, and its streamed chunks (the text as it comes,
 audio as the vocoder decodes it, with the logprobs of the tokens each piece carries). With a named
-tool_choice (omni/entrypoints/openai/tools.py) the text is the call's `arguments`, in
+or required tool_choice (omni/entrypoints/openai/tools.py) the text is a function call, in
 `tool_calls` instead of `content`."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from omni.entrypoints.openai import audio_encoding, sampling, streaming
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.logprobs import LogprobCursor
 from omni.entrypoints.openai.protocol import ChatCompletionRequest
-from omni.entrypoints.openai.tools import ToolCall, new_call_id
+from omni.entrypoints.openai.tools import CallCursor, ToolCall
 from omni.entrypoints.snapshot_cursor import SnapshotCursor, SnapshotNews
 from omni.messages import OmniOutput
 
@@ -46,9 +46,7 @@ class ChatChoice:
         self.created = int(time.time())
         self.audio_id = new_id("audio")
         self.audio_sent = False
-        self.call = call  # a named function call: the text is its arguments
-        self.call_id = new_call_id()
-        self.call_sent = False
+        self.call = None if call is None else CallCursor(call)  # the text is a function call
 
     def message(self, out: OmniOutput) -> dict[str, Any]:
         """This choice in a whole response: its message, finish reason and logprobs."""
@@ -56,7 +54,7 @@ class ChatChoice:
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if self.call is not None:
             message["content"] = None
-            message["tool_calls"] = [self.call.message_call(self.call_id, text)]
+            message["tool_calls"] = [self.call.message(text)]
         if self.want_audio:
             final = out.final
             assert self.body.audio is not None
@@ -72,9 +70,13 @@ class ChatChoice:
         return {
             "index": self.index,
             "message": message,
-            "finish_reason": streaming.finish_reason(out, self.text_stage),
+            "finish_reason": self._finish_reason(out),
             "logprobs": self.logprobs.new(out),
         }
+
+    def _finish_reason(self, out: OmniOutput) -> str:
+        reason = streaming.finish_reason(out, self.text_stage)
+        return reason if self.call is None else self.call.call.finish_reason(reason)
 
     def chunk(
         self,
@@ -105,7 +107,9 @@ class ChatChoice:
         news = self.cursor.advance(out)
         if news.text:
             timer.first_token()
-            chunks.append(self.chunk(self._text_delta(news.text), None, self.logprobs.new(out)))
+            delta = self._text_delta(news.text)
+            if delta is not None:  # a call's text may wait for more (its name, a last brace)
+                chunks.append(self.chunk(delta, None, self.logprobs.new(out)))
         audio = self._new_audio(out, news)
         if audio is not None:
             timer.first_audio()
@@ -118,25 +122,24 @@ class ChatChoice:
         of a character), the audio's end, the finish reason."""
         chunks = []
         rest = self.logprobs.new(out)
-        if (rest is not None and rest["content"]) or (self.call and not self.call_sent):
-            chunks.append(self.chunk(self._text_delta(""), None, rest))
+        last = None if self.call is None else self.call.delta("", whole=True)  # its end
+        if rest is not None and rest["content"]:  # tokens that added no text carry logprobs
+            last = last or self._text_delta("") or {}
+        if last is not None:
+            chunks.append(self.chunk(last, None, rest))
         if self.audio_sent:
             expires_at = int(time.time()) + AUDIO_TTL_S
             chunks.append(self.chunk({"audio": {"id": self.audio_id, "expires_at": expires_at}}))
-        return chunks + [self.chunk({}, streaming.finish_reason(out, self.text_stage))]
+        return chunks + [self.chunk({}, self._finish_reason(out))]
 
     def role_delta(self) -> dict[str, Any]:
         return {"role": "assistant", "content": None if self.call else ""}
 
-    def _text_delta(self, text: str) -> dict[str, Any]:
+    def _text_delta(self, text: str) -> dict[str, Any] | None:
         """New text: `content` for text clients and, with audio, the transcript as OpenAI
-        streams it; a function call's arguments (its id, type and name in the first piece)."""
+        streams it; a function call's (omni/entrypoints/openai/tools.py: CallCursor)."""
         if self.call is not None:
-            piece: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
-            if not self.call_sent:
-                self.call_sent = True
-                piece = self.call.message_call(self.call_id, text) | {"index": 0}
-            return {"tool_calls": [piece]}
+            return self.call.delta(text)
         if not self.want_audio:
             return {"content": text}
         return {"content": text, "audio": {"id": self.audio_id, "transcript": text}}

@@ -1,13 +1,20 @@
-"""Chat's `tools` and `tool_choice`: a named function call, the way vLLM serves tools by default.
+"""Chat's `tools` and `tool_choice`: function calls the reply is constrained to make.
 
-`tool_choice: {"type": "function", "function": {"name": ...}}` makes the reply that function's
-arguments: the text stage's tokens are constrained to JSON of its `parameters` schema
-(SamplingParams.json_schema, omni/core/json_schema.py's subset), and the message carries them as
-`tool_calls` (content null; finish_reason "stop", as OpenAI answers a named choice). The tools go
-to the model's chat template (`tools=`), which renders them where it knows how. `tool_choice:
-"none"` (or no tools) is a plain reply, the tools left out of the prompt. "auto" and "required"
-(OpenAI's default with tools is "auto") need a model-specific parser of tool calls in free text,
-which omni does not have: a 400 naming `tool_choice`.
+- A named choice, `{"type": "function", "function": {"name": ...}}`: the reply is that
+  function's arguments, the text stage's tokens constrained to JSON of its `parameters` schema
+  (SamplingParams.json_schema, omni/core/json_schema.py's subset); finish_reason "stop", as
+  OpenAI answers a named choice.
+- "required": the reply is one call of any of the tools, `{"name": ..., "arguments": ...}` as
+  Qwen's Hermes calls are spelled (omni/core/json_schema.py, TOOL_CALL), its arguments
+  constrained to that tool's schema once its name is out; finish_reason "tool_calls". One call
+  (as with `parallel_tool_calls: false`).
+- "none" (or no tools): a plain reply, the tools left out of the prompt.
+
+Either call is the message's `tool_calls` (content null); streamed, the call's id and name come in
+its first `delta.tool_calls`, then its arguments as they come (`CallCursor`). The tools go to
+the model's chat template. "auto" (OpenAI's default with tools) needs a model-specific parser of
+calls in free text, which omni does not have: a 400 naming `tool_choice`, as vLLM answers
+without one.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from omni.core.json_schema import compile_schema
+from omni.core.json_schema import TOOL_CALL, call_parts, compile_schema
 from omni.entrypoints.openai.context import new_id
 from omni.entrypoints.openai.errors import bad_request
 
@@ -27,56 +34,106 @@ NO_PARAMETERS = {"type": "object", "properties": {}}
 
 @dataclass(frozen=True)
 class ToolCall:
-    """The function a reply calls (its arguments are the reply's text)."""
+    """The call a reply makes: `name`'s arguments (a named choice), or any tool's (None)."""
 
-    name: str
-    json_schema: str  # its parameters, for SamplingParams.json_schema
+    name: str | None
+    json_schema: str  # for SamplingParams.json_schema
     tools: list[dict[str, Any]]  # every tool, for the chat template
 
-    def message_call(self, call_id: str, arguments: str) -> dict[str, Any]:
-        return {"id": call_id, "type": "function",
-                "function": {"name": self.name, "arguments": arguments}}  # fmt: skip
+    def parts(self, text: str, whole: bool) -> tuple[str, str] | None:
+        """(name, arguments) of the reply's text so far (None: the name is not out yet); for a
+        `whole` reply all of its arguments, else as far as they can be known to be."""
+        if self.name is not None:
+            return self.name, text
+        parts = call_parts(text)
+        if parts is None:
+            return None
+        return (parts[0], parts[1].rstrip()) if whole else parts
+
+    def finish_reason(self, reason: str) -> str:
+        return "tool_calls" if self.name is None and reason == "stop" else reason
+
+
+class CallCursor:
+    """One streamed choice's call: the `delta.tool_calls` each new piece of text adds."""
+
+    def __init__(self, call: ToolCall) -> None:
+        self.call = call
+        self.id = "call_" + new_id("")[1:25]  # OpenAI's form: call_ and 24 characters
+        self.text = ""
+        self.sent: str | None = None  # the arguments streamed so far (None: nothing yet)
+
+    def message(self, text: str) -> dict[str, Any]:
+        """The call in a whole message."""
+        name, arguments = self.call.parts(text, whole=True) or ("", "")
+        return {"id": self.id, "type": "function",
+                "function": {"name": name, "arguments": arguments}}  # fmt: skip
+
+    def delta(self, new_text: str, whole: bool = False) -> dict[str, Any] | None:
+        """The delta of `new_text` (None: nothing to send yet); `whole`: the reply is complete
+        (the first piece is sent even with empty arguments)."""
+        self.text += new_text
+        parts = self.call.parts(self.text, whole)
+        if parts is None:
+            return None
+        name, arguments = parts
+        if self.sent is None:
+            self.sent = arguments
+            return {"tool_calls": [{"index": 0, "id": self.id, "type": "function",
+                    "function": {"name": name, "arguments": arguments}}]}  # fmt: skip
+        if not arguments.startswith(self.sent) or len(arguments) == len(self.sent):
+            return None
+        piece, self.sent = arguments[len(self.sent) :], arguments
+        return {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
 
 
 def tool_call(tools: list[dict[str, Any]] | None, tool_choice: Any) -> ToolCall | None:
-    """The named call `tool_choice` asks for (None: a plain reply); a 400 naming the field of
-    a malformed tool or choice, or of one omni does not serve."""
+    """The call `tool_choice` asks for (None: a plain reply); a 400 naming the field of a
+    malformed tool or choice, or of one omni does not serve."""
     functions = [_function(tool, f"tools[{i}]") for i, tool in enumerate(tools or [])]
     if tool_choice is None:
         tool_choice = "auto" if functions else "none"
     if tool_choice == "none":
         return None
-    if tool_choice in ("auto", "required"):
-        default = " (the default with tools)" if tool_choice == "auto" else ""
+    if tool_choice == "auto":
         raise bad_request(
-            f"tool_choice: {tool_choice!r}{default} is not served: omni has no parser of tool "
-            "calls in free text; name the function ({'type': 'function', 'function': {'name': "
-            "...}}) or send 'none'",
+            "tool_choice: 'auto' (the default with tools) is not served: omni has no parser of "
+            "tool calls in free text; send 'required', a named function ({'type': 'function', "
+            "'function': {'name': ...}}) or 'none'",
             "tool_choice",
             "unsupported_value",
         )
+    if tool_choice == "required":
+        if not functions:
+            raise bad_request("tool_choice: 'required' needs tools", "tool_choice")
+        schemas = {f["name"]: _parameters(f, i) for i, f in enumerate(functions)}
+        return ToolCall(None, json.dumps({TOOL_CALL: schemas}, sort_keys=True), list(tools or []))
     if not (isinstance(tool_choice, dict) and tool_choice.get("type") == "function"):
         raise bad_request(
-            f"tool_choice: 'none' or {{'type': 'function', 'function': {{'name': ...}}}}, got "
-            f"{tool_choice!r}",
+            "tool_choice: 'none', 'required' or {'type': 'function', 'function': {'name': ...}}, "
+            f"got {tool_choice!r}",
             "tool_choice",
         )
     name = (tool_choice.get("function") or {}).get("name")
-    chosen = next((f for f in functions if f["name"] == name), None)
-    if chosen is None:
+    index = next((i for i, f in enumerate(functions) if f["name"] == name), None)
+    if index is None:
         known = [f["name"] for f in functions]
         raise bad_request(
             f"tool_choice.function.name: {name!r} is not one of the tools: {known}",
             "tool_choice.function.name",
         )
-    schema = chosen.get("parameters") or NO_PARAMETERS
-    index = functions.index(chosen)
-    path = f"tools[{index}].function.parameters"
+    schema = _parameters(functions[index], index)
+    return ToolCall(functions[index]["name"], json.dumps(schema, sort_keys=True), list(tools or []))
+
+
+def _parameters(function: dict[str, Any], index: int) -> dict[str, Any]:
+    """A function's parameters schema, checked against the subset served."""
+    schema = function.get("parameters") or NO_PARAMETERS
     try:
-        compile_schema(schema, path)
+        compile_schema(schema, f"tools[{index}].function.parameters")
     except ValueError as e:
         raise bad_request(str(e), str(e).split(":")[0], "unsupported_value") from None
-    return ToolCall(chosen["name"], json.dumps(schema, sort_keys=True), list(tools or []))
+    return schema
 
 
 def _function(tool: Any, path: str) -> dict[str, Any]:
@@ -98,7 +155,3 @@ def _function(tool: Any, path: str) -> dict[str, Any]:
             f"{path}.function.parameters",
         )
     return function
-
-
-def new_call_id() -> str:
-    return "call_" + new_id("")[1:25]  # OpenAI's form: call_ and 24 characters
