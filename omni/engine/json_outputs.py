@@ -55,7 +55,7 @@ class JsonOutputs:
 
     def cursor(self, params: SamplingParams) -> JsonCursor | None:
         """The request's place in its JSON (None: params ask for no JSON); a ValueError when
-        the stage has no tokenizer to read token bytes from."""
+        the stage has no tokenizer to read token bytes from, or no stop token to end with."""
         schema = params.json_schema
         if schema is None:
             return None
@@ -66,6 +66,8 @@ class JsonOutputs:
                 constraint = self._constraints[schema] = JsonConstraint(root, self._vocabulary())
         eos = [] if self.eos_token_id is None else [self.eos_token_id]
         stops = [*params.stop_token_ids, *eos]
+        if not stops:  # a whole value could never end the reply
+            raise ValueError("json_schema: the model has no EOS token; give stop_token_ids")
         return constraint.cursor(stops)
 
     def _vocabulary(self) -> TokenBytes:
