@@ -34,9 +34,10 @@ _NUMBER_END = frozenset({2, 3, 5, 8})  # number phases that end a whole number
 # integer) a number; ("L", literals, pos) pos bytes into one of the JSON-encoded literals;
 # ("O", node, phase, seen, value) an object: phase 0 after "{", 1 after ",", 2 in a key, 3
 # before ":", 4 in a value, 5 after a value; seen: its keys so far; value: the node of the key
-# being read; ("A", node, phase) an array: 0 after "[", 1 in a value, 2 after a value, 3 after
-# ","; ("T", node, phase) a tool call (Node.tags): 0 in its opening, 1 in its arguments, 2
-# after them; ("D",) a whole value read (nothing may follow: only a stop token).
+# being read; ("A", node, phase, count) an array: 0 after "[", 1 in a value, 2 after a value,
+# 3 after ","; count: its items so far, up to its bounds' largest (0 without bounds);
+# ("T", node, phase) a tool call (Node.tags): 0 in its opening, 1 in its arguments, 2 after
+# them; ("D",) a whole value read (nothing may follow: only a stop token).
 State = tuple[tuple[Any, ...], ...]
 
 
@@ -82,8 +83,10 @@ def _done(rest: State, key: bytes | None = None) -> State:
     if not rest:
         return (("D",),)
     top = rest[-1]
-    if top[0] == "A":
-        return rest[:-1] + (("A", top[1], 2),)
+    if top[0] == "A":  # one more item (counted as far as the array's bounds need)
+        node = top[1]
+        cap = node.min_items if node.max_items is None else node.max_items
+        return rest[:-1] + (("A", node, 2, min(top[3] + 1, cap)),)
     if top[0] == "T":  # its opening (key) picked the arguments' node; or they ended
         node = top[1]
         if top[2] == 1:
@@ -112,7 +115,7 @@ def _value(rest: State, node: Node, byte: int) -> State | None:
     if byte == ord("{") and "object" in kinds:
         return rest + (("O", node, 0, frozenset(), None),)
     if byte == ord("[") and "array" in kinds:
-        return rest + (("A", node, 0),)
+        return rest + (("A", node, 0, 0),)
     if byte == ord('"') and "string" in kinds:
         return rest + (("S", 0),)
     integer = "number" not in kinds
@@ -191,11 +194,13 @@ def _object(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
 
 
 def _array(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
-    node, phase = top[1], top[2]
+    node, phase, count = top[1], top[2], top[3]
     if byte in WHITESPACE:
         return rest + (top,)
     if byte == ord("]") and phase in (0, 2):
-        return _done(rest)
+        return _done(rest) if count >= node.min_items else None
+    if node.max_items is not None and count >= node.max_items:
+        return None  # full: only "]" may come
     if phase == 2:
-        return rest + (("A", node, 3),) if byte == ord(",") else None
-    return _value(rest + (("A", node, 1),), node.items or ANY, byte)
+        return rest + (("A", node, 3, count),) if byte == ord(",") else None
+    return _value(rest + (("A", node, 1, count),), node.items or ANY, byte)

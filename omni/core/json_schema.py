@@ -1,7 +1,8 @@
 """compile_schema: a JSON schema as the `Node`s that omni/core/json_grammar.py walks.
 
 The subset (anything else is a ValueError naming its JSON path): `type` (object, array, string,
-number, integer, boolean, null, or a list of them), `properties`, `required`, `items`, `enum`,
+number, integer, boolean, null, or a list of them), `properties`, `required`, `items` (with
+`minItems` / `maxItems`), `enum`,
 `const`, `anyOf` whose alternatives start differently (a string or null, an object or an array:
 what Pydantic writes for `Optional[...]` and unions of distinct types), `allOf` of one schema,
 `$ref` to `#/$defs/...` or `#/definitions/...` (recursive ones too), and the annotations
@@ -22,7 +23,8 @@ _ANNOTATIONS = frozenset(
     {"title", "description", "$schema", "default", "examples", "additionalProperties", "$defs",
      "definitions"}
 )  # fmt: skip
-_KEYWORDS = ("type", "properties", "required", "items", "enum", "const", "anyOf", "allOf", "$ref")
+_KEYWORDS = ("type", "properties", "required", "items", "minItems", "maxItems", "enum", "const",
+             "anyOf", "allOf", "$ref")  # fmt: skip
 _EXTENSIONS = frozenset({"x-omni-tool-call"})
 _STARTS = {"object": b"{", "array": b"[", "string": b'"', "number": b"-0123456789",
            "integer": b"-0123456789", "boolean": b"tf", "null": b"n"}  # fmt: skip
@@ -32,7 +34,10 @@ class Node:
     """One schema position. Compared and hashed by identity: a compiled schema's nodes are shared
     by every state built from it."""
 
-    __slots__ = ("kinds", "properties", "required", "items", "literals", "choices", "tags")
+    __slots__ = (
+        "kinds", "properties", "required", "items", "literals", "choices", "tags", "min_items",
+        "max_items",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -43,6 +48,8 @@ class Node:
         literals: tuple[bytes, ...] = (),
         choices: dict[int, Node] | None = None,
         tags: dict[bytes, Node] | None = None,
+        min_items: int = 0,
+        max_items: int | None = None,
     ) -> None:
         self.kinds = kinds  # the JSON types a value may have here
         self.properties = properties  # an object's keys and their values; None: any keys
@@ -51,6 +58,8 @@ class Node:
         self.literals = literals  # enum/const: the only values, JSON-encoded
         self.choices = choices  # anyOf: the alternative each first byte of a value starts
         self.tags = tags  # TOOL_CALL: a call's opening text (up to its arguments) -> arguments
+        self.min_items = min_items  # an array's bounds (minItems, maxItems)
+        self.max_items = max_items
 
 
 ANY = Node(frozenset(TYPES))
@@ -203,4 +212,12 @@ class _Compiler:
             if missing:
                 raise ValueError(f"{path}.required: {missing[0]!r} is not in properties")
         items = self.node(schema["items"], f"{path}.items") if "items" in schema else None
-        return Node(frozenset(kinds), properties, required, items)
+        low, high = schema.get("minItems", 0), schema.get("maxItems")
+        for name, bound in (("minItems", low), ("maxItems", high)):
+            if bound is not None and (type(bound) is not int or bound < 0):
+                raise ValueError(f"{path}.{name}: an integer >= 0, got {bound!r}")
+        if high is not None and low > high:
+            raise ValueError(f"{path}.minItems: {low} is more than maxItems {high}")
+        node = Node(frozenset(kinds), properties, required, items)
+        node.min_items, node.max_items = low, high
+        return node

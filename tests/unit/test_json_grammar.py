@@ -126,6 +126,20 @@ def test_enums_of_numbers_that_prefix_each_other():
     assert not any(accepts(node, t) for t in ("100", "2", '"y"', "nul"))
 
 
+def test_arrays_within_their_bounds():
+    node = compile_schema(
+        {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2}
+    )
+    assert not accepts(node, "[]") and accepts(node, "[1]") and accepts(node, "[1, 2]")
+    assert not prefix_ok(node, "[1, 2,") and not accepts(node, "[1, 2, 3]")
+    empty = compile_schema({"type": "array", "maxItems": 0})
+    assert accepts(empty, "[ ]") and not prefix_ok(empty, "[1")
+    with pytest.raises(ValueError, match="schema.minItems: 3 is more than maxItems 2"):
+        compile_schema({"type": "array", "minItems": 3, "maxItems": 2})
+    with pytest.raises(ValueError, match="schema.maxItems: an integer >= 0"):
+        compile_schema({"type": "array", "maxItems": -1})
+
+
 def test_objects_without_properties_take_any_keys_or_none():
     assert accepts(compile_schema({"type": "object"}), '{"x": [1, {"y": null}]}')
     closed = compile_schema({"type": "object", "additionalProperties": False})
@@ -208,6 +222,17 @@ def _schemas():
         properties = st.dictionaries(st.sampled_from("abc"), children, max_size=3)
         return st.one_of(
             st.builds(lambda i: {"type": "array", "items": i}, children),
+            st.builds(
+                lambda i, low, more: {
+                    "type": "array",
+                    "items": i,
+                    "minItems": low,
+                    "maxItems": low + more,
+                },
+                children,
+                st.integers(0, 2),
+                st.integers(0, 1),
+            ),  # fmt: skip
             properties.flatmap(
                 lambda p: st.builds(
                     lambda r: {
