@@ -34,14 +34,17 @@ class TokenBytes:
         self.tokens: list[bytes | None] = list(token_bytes[:vocab_size])
         self.tokens += [None] * (vocab_size - len(self.tokens))
         self.plain = np.zeros(vocab_size, dtype=bool)  # stays inside a string
+        self.chars = np.zeros(vocab_size, dtype=np.int64)  # a plain token's characters
         by_first: dict[int, list[int]] = {}
         self.unplain_ids: list[int] = []
         for token_id, data in enumerate(self.tokens):
             if not data:
                 continue
             by_first.setdefault(data[0], []).append(token_id)
-            if _PLAIN[np.frombuffer(data, dtype=np.uint8)].all():
+            raw = np.frombuffer(data, dtype=np.uint8)
+            if _PLAIN[raw].all():
                 self.plain[token_id] = True
+                self.chars[token_id] = np.count_nonzero((raw < 0x80) | (raw >= 0xC0))
             else:
                 self.unplain_ids.append(token_id)
         self.by_first = by_first
@@ -100,8 +103,11 @@ class JsonConstraint:
         self.num_computed += 1
         vocab = self.vocab
         top = state[-1]
-        if top[0] == "S" and top[1] == 0:  # inside a string: plain tokens keep the state
-            mask = vocab.plain.copy()
+        if top[0] == "S" and top[1] == 0:  # inside a string: plain tokens only add characters
+            high = top[4]
+            mask = (
+                vocab.plain.copy() if high is None else vocab.plain & (vocab.chars <= high - top[2])
+            )
             candidates: Iterable[int] = vocab.unplain_ids
         else:
             mask = np.zeros(vocab.vocab_size, dtype=bool)

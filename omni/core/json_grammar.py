@@ -29,8 +29,10 @@ _NUMBER_END = frozenset({2, 3, 5, 8})  # number phases that end a whole number
 
 
 # ---- states ---------------------------------------------------------------------------------------
-# Frames: ("V", node) a value of node may start (whitespace first); ("S", esc) inside a string
-# (esc 0, 1 after a backslash, 2-5: that many - 1 hex digits of \uXXXX to come); ("N", phase,
+# Frames: ("V", node) a value of node may start (whitespace first); ("S", esc, count, low,
+# high) inside a string (esc 0, 1 after a backslash, 2-5: that many - 1 hex digits of \uXXXX
+# to come; count: its characters so far, up to its length bounds' largest: minLength low,
+# maxLength high or None; an escape is one character, a \u surrogate pair two); ("N", phase,
 # integer) a number; ("L", literals, pos) pos bytes into one of the JSON-encoded literals;
 # ("O", node, phase, seen, value) an object: phase 0 after "{", 1 after ",", 2 in a key, 3
 # before ":", 4 in a value, 5 after a value; seen: its keys so far; value: the node of the key
@@ -62,7 +64,7 @@ def step(state: State, byte: int) -> State | None:
     rest, top = state[:-1], state[-1]
     kind = top[0]
     if kind == "S":
-        return _string(rest, top[1], byte)
+        return _string(rest, top, byte)
     if kind == "V":
         return _value(rest, top[1], byte)
     if kind == "N":
@@ -117,7 +119,7 @@ def _value(rest: State, node: Node, byte: int) -> State | None:
     if byte == ord("[") and "array" in kinds:
         return rest + (("A", node, 0, 0),)
     if byte == ord('"') and "string" in kinds:
-        return rest + (("S", 0),)
+        return rest + (("S", 0, 0, node.min_length, node.max_length),)
     integer = "number" not in kinds
     if (byte == ord("-") or byte in DIGITS) and (not integer or "integer" in kinds):
         return _number(rest, ("N", 0, integer), byte)
@@ -125,18 +127,29 @@ def _value(rest: State, node: Node, byte: int) -> State | None:
     return _literal(rest, ("L", literals, 0), byte) if literals else None
 
 
-def _string(rest: State, esc: int, byte: int) -> State | None:
+def _string(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
+    esc, count, low, high = top[1:]
+    full = high is not None and count >= high  # no more characters (maxLength)
+
+    def after(new_esc: int, chars: int) -> State:
+        cap = low if high is None else high  # counted as far as the bounds need
+        return rest + (("S", new_esc, min(count + chars, cap), low, high),)
+
     if esc == 0:
         if byte == ord('"'):
-            return _done(rest)
+            return _done(rest) if count >= low else None
+        if byte < 0x20 or (full and not 0x80 <= byte < 0xC0):
+            return None  # a control byte; or a new character (a UTF-8 lead byte, ASCII, "\\")
         if byte == ord("\\"):
-            return rest + (("S", 1),)
-        return rest + (("S", 0),) if byte >= 0x20 else None
+            return after(1, 0)
+        return after(0, 0 if 0x80 <= byte < 0xC0 else 1)  # a UTF-8 continuation adds none
     if esc == 1:
         if byte == ord("u"):
-            return rest + (("S", 5),)
-        return rest + (("S", 0),) if byte in ESCAPES else None
-    return rest + (("S", esc - 1 if esc > 2 else 0),) if byte in HEX else None
+            return after(5, 0)
+        return after(0, 1) if byte in ESCAPES else None
+    if byte not in HEX:
+        return None
+    return after(esc - 1, 0) if esc > 2 else after(0, 1)
 
 
 def _number(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
@@ -180,7 +193,7 @@ def _object(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
     if phase in (0, 1) and byte == ord('"'):
         here = rest + (("O", node, 2, seen, None),)
         if node.properties is None:
-            return here + (("S", 0),)
+            return here + (("S", 0, 0, 0, None),)
         keys = tuple(encode(k) for k in node.properties if k not in seen)
         return here + (("L", keys, 1),) if keys else None
     if phase == 0 and byte == ord("}") or phase == 5 and byte == ord("}"):

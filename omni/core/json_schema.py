@@ -2,7 +2,8 @@
 
 The subset (anything else is a ValueError naming its JSON path): `type` (object, array, string,
 number, integer, boolean, null, or a list of them), `properties`, `required`, `items` (with
-`minItems` / `maxItems`), `enum`,
+`minItems` / `maxItems`), `minLength` / `maxLength` (characters; an escaped surrogate pair counts
+two), `enum`,
 `const`, `anyOf` whose alternatives start differently (a string or null, an object or an array:
 what Pydantic writes for `Optional[...]` and unions of distinct types), `allOf` of one schema,
 `$ref` to `#/$defs/...` or `#/definitions/...` (recursive ones too), and the annotations
@@ -23,8 +24,8 @@ _ANNOTATIONS = frozenset(
     {"title", "description", "$schema", "default", "examples", "additionalProperties", "$defs",
      "definitions"}
 )  # fmt: skip
-_KEYWORDS = ("type", "properties", "required", "items", "minItems", "maxItems", "enum", "const",
-             "anyOf", "allOf", "$ref")  # fmt: skip
+_KEYWORDS = ("type", "properties", "required", "items", "minItems", "maxItems", "minLength",
+             "maxLength", "enum", "const", "anyOf", "allOf", "$ref")  # fmt: skip
 _EXTENSIONS = frozenset({"x-omni-tool-call"})
 _STARTS = {"object": b"{", "array": b"[", "string": b'"', "number": b"-0123456789",
            "integer": b"-0123456789", "boolean": b"tf", "null": b"n"}  # fmt: skip
@@ -36,7 +37,7 @@ class Node:
 
     __slots__ = (
         "kinds", "properties", "required", "items", "literals", "choices", "tags", "min_items",
-        "max_items",
+        "max_items", "min_length", "max_length",
     )  # fmt: skip
 
     def __init__(
@@ -60,6 +61,8 @@ class Node:
         self.tags = tags  # TOOL_CALL: a call's opening text (up to its arguments) -> arguments
         self.min_items = min_items  # an array's bounds (minItems, maxItems)
         self.max_items = max_items
+        self.min_length = 0  # a string's bounds in characters (minLength, maxLength)
+        self.max_length: int | None = None
 
 
 ANY = Node(frozenset(TYPES))
@@ -212,12 +215,17 @@ class _Compiler:
             if missing:
                 raise ValueError(f"{path}.required: {missing[0]!r} is not in properties")
         items = self.node(schema["items"], f"{path}.items") if "items" in schema else None
-        low, high = schema.get("minItems", 0), schema.get("maxItems")
-        for name, bound in (("minItems", low), ("maxItems", high)):
-            if bound is not None and (type(bound) is not int or bound < 0):
-                raise ValueError(f"{path}.{name}: an integer >= 0, got {bound!r}")
-        if high is not None and low > high:
-            raise ValueError(f"{path}.minItems: {low} is more than maxItems {high}")
         node = Node(frozenset(kinds), properties, required, items)
-        node.min_items, node.max_items = low, high
+        node.min_items, node.max_items = _bounds(schema, path, "minItems", "maxItems")
+        node.min_length, node.max_length = _bounds(schema, path, "minLength", "maxLength")
         return node
+
+
+def _bounds(schema: dict[str, Any], path: str, low_key: str, high_key: str) -> tuple[int, Any]:
+    low, high = schema.get(low_key, 0), schema.get(high_key)
+    for name, bound in ((low_key, low), (high_key, high)):
+        if bound is not None and (type(bound) is not int or bound < 0):
+            raise ValueError(f"{path}.{name}: an integer >= 0, got {bound!r}")
+    if high is not None and low > high:
+        raise ValueError(f"{path}.{low_key}: {low} is more than {high_key} {high}")
+    return low, high

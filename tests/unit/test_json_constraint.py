@@ -60,7 +60,9 @@ TEXTS = [
     (None, b'{\n  "age": 3,\n  "name": "x"\n}'),
     ({}, b'[{"a": [true, null, -0.5]}, "s", 12]'),
     ({"type": "object"}, b'{"k": {"n": [1, 2]}, "t": "ab"}'),
-]
+    ({"type": "array", "maxItems": 3, "items": {"type": "string", "minLength": 1, "maxLength": 4}},
+     b'["ab", "\xc3\xa9ab", "a\\n\\"b"]'),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("schema", "text"), TEXTS)

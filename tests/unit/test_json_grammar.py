@@ -140,6 +140,14 @@ def test_arrays_within_their_bounds():
         compile_schema({"type": "array", "maxItems": -1})
 
 
+def test_strings_within_their_length_in_characters():
+    node = compile_schema({"type": "string", "minLength": 2, "maxLength": 3})
+    for text, ok in [('"a"', False), ('"ab"', True), ('"\\u00e9\\n\\u4e2d"', True),
+                     ('"é中x"', True), ('"é中xy"', False), ('"abcd"', False)]:  # fmt: skip
+        assert accepts(node, text) is ok, text
+    assert not prefix_ok(node, '"abcd') and prefix_ok(node, '"abc')
+
+
 def test_objects_without_properties_take_any_keys_or_none():
     assert accepts(compile_schema({"type": "object"}), '{"x": [1, {"y": null}]}')
     closed = compile_schema({"type": "object", "additionalProperties": False})
@@ -216,7 +224,9 @@ def _schemas():
     leaves = st.sampled_from(
         [{"type": t} for t in ("string", "integer", "number", "boolean", "null")]
         + [{}, {"enum": [1, "a", None]}, {"const": "x"}, {"type": ["string", "null"]}]
-    )
+        + [{"type": "string", "minLength": 1, "maxLength": 3}, {"type": "string", "minLength": 2},
+           {"type": "string", "maxLength": 0}]
+    )  # fmt: skip
 
     def nest(children):
         properties = st.dictionaries(st.sampled_from("abc"), children, max_size=3)
@@ -254,8 +264,10 @@ def _schemas():
 def _values():
     from hypothesis import strategies as st
 
+    bmp = st.characters(max_codepoint=0xFFFF, exclude_categories=("Cs",))  # no surrogate pairs
     scalars = st.one_of(
         st.none(), st.booleans(), st.integers(-10**6, 10**6), st.sampled_from(["a", "x", ""]),
+        st.text(bmp, max_size=4),
         st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not f.is_integer()),
     )  # fmt: skip
     return st.recursive(
@@ -273,15 +285,15 @@ def test_the_grammar_agrees_with_a_json_schema_validator():
     from hypothesis import strategies as st
 
     @settings(max_examples=400, deadline=None, derandomize=True)
-    @given(_schemas(), _values(), st.booleans())
-    def check(schema, value, indent):
+    @given(_schemas(), _values(), st.booleans(), st.booleans())
+    def check(schema, value, indent, ascii_only):
         if schema.get("anyOf") and schema["anyOf"][0].get("type") == "null":
             return  # null twice: refused at compile time (alternatives must start differently)
         try:
             node = compile_schema(schema)
         except ValueError:
             return  # an anyOf whose alternatives start alike (e.g. of an enum with null)
-        text = json.dumps(value, indent=2 if indent else None)
+        text = json.dumps(value, indent=2 if indent else None, ensure_ascii=ascii_only)
         valid = jsonschema.Draft202012Validator(schema).is_valid(value)
         assert accepts(node, text) == valid, (schema, text)
 
