@@ -4,7 +4,8 @@ constrained to any JSON object, and to a schema; decode step time (the median of
 all B decode), the host work the masks add to a step (the scheduler's masks, and the sampler's
 upload and unpack), and the token masks computed (cold: the first round; warm: a second round of
 the same requests, every state's mask already kept). Then the cost of one cold mask over the
-vocabulary, the grammar's worst states (a value about to start, inside a string).
+vocabulary: where the reply starts, where a property's value starts (whitespace may come first:
+the most tokens to run), inside a string.
 
 The model: SmolLM2-135M-Instruct (49,152 tokens; tools/convert_gguf.py --smollm2), else the
 tiny Qwen2 (512). Greedy, ignore_eos (a whole value then takes whitespace). Nothing is asserted.
@@ -122,7 +123,9 @@ def main() -> None:
     vocab = engine.json._vocabulary()
     constraint = JsonConstraint(compile_schema(SCHEMA), vocab)
     cold = []
-    for label, text in (("a value starts", b""), ("inside a string", b'{"name": "A')):
+    states = (("the reply starts", b""), ("a property's value starts", b'{"name":'),
+              ("inside a string", b'{"name": "A'))  # fmt: skip
+    for label, text in states:
         state = initial(constraint.root)
         for byte in text:
             state = constraint._step(state, byte)
