@@ -35,12 +35,16 @@ class TokenBytes:
         self.tokens += [None] * (vocab_size - len(self.tokens))
         self.plain = np.zeros(vocab_size, dtype=bool)  # stays inside a string
         self.chars = np.zeros(vocab_size, dtype=np.int64)  # a plain token's characters
-        by_first: dict[int, list[int]] = {}
+        # By their first two bytes (None: a one-byte token), so that a state runs a token only
+        # when it takes both: most of a vocabulary dies on its second byte anywhere but in a
+        # string (" the" where a value may start: the space is taken, "t" is not).
+        by_first: dict[int, dict[int | None, list[int]]] = {}
         self.unplain_ids: list[int] = []
         for token_id, data in enumerate(self.tokens):
             if not data:
                 continue
-            by_first.setdefault(data[0], []).append(token_id)
+            second = data[1] if len(data) > 1 else None
+            by_first.setdefault(data[0], {}).setdefault(second, []).append(token_id)
             raw = np.frombuffer(data, dtype=np.uint8)
             if _PLAIN[raw].all():
                 self.plain[token_id] = True
@@ -111,8 +115,14 @@ class JsonConstraint:
             candidates: Iterable[int] = vocab.unplain_ids
         else:
             mask = np.zeros(vocab.vocab_size, dtype=bool)
-            firsts = [b for b in vocab.by_first if self._step(state, b) is not None]
-            candidates = (t for b in firsts for t in vocab.by_first[b])
+            candidates = []
+            for first, by_second in vocab.by_first.items():
+                after = self._step(state, first)
+                if after is None:
+                    continue
+                for second, token_ids in by_second.items():
+                    if second is None or self._step(after, second) is not None:
+                        candidates += token_ids
         tokens = vocab.tokens
         for token_id in candidates:
             current: State | None = state
