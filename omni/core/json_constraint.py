@@ -4,13 +4,13 @@ its schema (omni/core/json_grammar.py), over one stage's vocabulary.
 `TokenBytes` is the vocabulary as bytes (special tokens never appear inside JSON: None).
 `JsonConstraint` is one schema over one vocabulary: the mask of a grammar state, kept per state
 (packed bits, least recently used first out, and so handed to the sampler: 8x fewer bytes to
-stack and upload per step), since a reply revisits few states and every
-request with the same schema revisits the same ones. A mask is computed by running each candidate
-token's bytes through the grammar: inside a string, tokens without a quote, a backslash or a
-control byte keep the state, so only the others are run (a few percent of a vocabulary);
-elsewhere only tokens whose first byte the state accepts. `JsonCursor` is one request's place: the
-state after its tokens so far, and its stop tokens (EOS, stop_token_ids), allowed once the value
-is whole and only then.
+stack and upload per step), since a reply revisits few states and every request with the same
+schema revisits the same ones. A mask is computed by running candidate tokens' bytes through the
+grammar: inside a string, tokens without a quote, a backslash or a control byte only add
+characters (allowed within the string's length bound, by their counts), so only the others are
+run (a few percent of a vocabulary); elsewhere only tokens whose first two bytes the state
+takes. `JsonCursor` is one request's place: the state after its tokens so far, and its stop
+tokens (EOS, stop_token_ids), allowed once the value is whole and only then.
 """
 
 from __future__ import annotations
