@@ -55,6 +55,7 @@ def is_complete(state: State) -> bool:
     return (
         kind == "D"
         or (kind == "N" and top[1] in _NUMBER_END)
+        or (kind == "I" and top[5] and _within(top[3] * top[4], top[1], top[2]))
         or (kind == "L" and any(len(lit) == top[2] for lit in top[1]))
     )
 
@@ -69,6 +70,8 @@ def step(state: State, byte: int) -> State | None:
         return _value(rest, top[1], byte)
     if kind == "N":
         return _number(rest, top, byte)
+    if kind == "I":
+        return _bounded(rest, top, byte)
     if kind == "L":
         return _literal(rest, top, byte)
     if kind == "O":
@@ -122,6 +125,8 @@ def _value(rest: State, node: Node, byte: int) -> State | None:
         return rest + (("S", 0, 0, node.min_length, node.max_length),)
     integer = "number" not in kinds
     if (byte == ord("-") or byte in DIGITS) and (not integer or "integer" in kinds):
+        if node.minimum is not None or node.maximum is not None:
+            return _bounded(rest, ("I", node.minimum, node.maximum, 1, 0, False), byte)
         return _number(rest, ("N", 0, integer), byte)
     literals = (b"true", b"false") * ("boolean" in kinds) + (b"null",) * ("null" in kinds)
     return _literal(rest, ("L", literals, 0), byte) if literals else None
@@ -172,6 +177,48 @@ def _number(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
     else:  # the number ended before this byte
         return step(_done(rest), byte) if phase in _NUMBER_END else None
     return None if new < 0 else rest + (("N", new, integer),)
+
+
+def _bounded(rest: State, top: tuple[Any, ...], byte: int) -> State | None:
+    """An integer within [low, high] (either None: unbounded): its sign and digits so far."""
+    low, high, sign, digits, started = top[1:]
+    if byte == ord("-") and not started and sign == 1:
+        return rest + (("I", low, high, -1, 0, False),) if _reachable(-1, 0, low, high) else None
+    if byte in DIGITS and not (started and digits == 0):  # no digit after a leading zero
+        value = digits * 10 + byte - ord("0")
+        if _reachable(sign, value, low, high, exact=True):
+            return rest + (("I", low, high, sign, value, True),)
+        return None
+    if started and _within(sign * digits, low, high):  # it ended before this byte
+        return step(_done(rest), byte)
+    return None
+
+
+def _within(value: int, low: int | None, high: int | None) -> bool:
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+def _reachable(
+    sign: int, digits: int, low: int | None, high: int | None, exact: bool = False
+) -> bool:
+    """Whether an integer of this sign starting with these digits (itself, if `exact`, or with
+    more digits after them) is within the bounds."""
+    if exact and _within(sign * digits, low, high):
+        return True
+    if digits == 0 and exact:
+        return False  # "0" or "-0": no digit may follow
+    width = 1
+    for _ in range(400):  # each more digit: [digits * 10^k, (digits + 1) * 10^k - 1]
+        first, last = digits * 10 * width if digits else 1, (digits * 10 + 10) * width - 1
+        width *= 10
+        lo_value, hi_value = (first, last) if sign > 0 else (-last, -first)
+        if (high is None or lo_value <= high) and (low is None or hi_value >= low):
+            return True
+        if sign > 0 and high is not None and first > high:
+            return False
+        if sign < 0 and low is not None and -first < low:
+            return False
+    return False
 
 
 def _literal(rest: State, top: tuple[Any, ...], byte: int) -> State | None:

@@ -3,7 +3,7 @@
 The subset (anything else is a ValueError naming its JSON path): `type` (object, array, string,
 number, integer, boolean, null, or a list of them), `properties`, `required`, `items` (with
 `minItems` / `maxItems`), `minLength` / `maxLength` (characters; an escaped surrogate pair counts
-two), `enum`,
+two), `minimum` / `maximum` and their exclusive forms (for integers), `enum`,
 `const`, `anyOf` whose alternatives start differently (a string or null, an object or an array:
 what Pydantic writes for `Optional[...]` and unions of distinct types), `allOf` of one schema,
 `$ref` to `#/$defs/...` or `#/definitions/...` (recursive ones too), and the annotations
@@ -17,6 +17,7 @@ any keys with any values. `{}` (or no `type`) is any value.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -25,7 +26,8 @@ _ANNOTATIONS = frozenset(
      "definitions"}
 )  # fmt: skip
 _KEYWORDS = ("type", "properties", "required", "items", "minItems", "maxItems", "minLength",
-             "maxLength", "enum", "const", "anyOf", "allOf", "$ref")  # fmt: skip
+             "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum",
+             "const", "anyOf", "allOf", "$ref")  # fmt: skip
 _EXTENSIONS = frozenset({"x-omni-tool-call"})
 _STARTS = {"object": b"{", "array": b"[", "string": b'"', "number": b"-0123456789",
            "integer": b"-0123456789", "boolean": b"tf", "null": b"n"}  # fmt: skip
@@ -37,7 +39,7 @@ class Node:
 
     __slots__ = (
         "kinds", "properties", "required", "items", "literals", "choices", "tags", "min_items",
-        "max_items", "min_length", "max_length",
+        "max_items", "min_length", "max_length", "minimum", "maximum",
     )  # fmt: skip
 
     def __init__(
@@ -63,6 +65,8 @@ class Node:
         self.max_items = max_items
         self.min_length = 0  # a string's bounds in characters (minLength, maxLength)
         self.max_length: int | None = None
+        self.minimum: int | None = None  # an integer's bounds, inclusive
+        self.maximum: int | None = None
 
 
 ANY = Node(frozenset(TYPES))
@@ -218,7 +222,36 @@ class _Compiler:
         node = Node(frozenset(kinds), properties, required, items)
         node.min_items, node.max_items = _bounds(schema, path, "minItems", "maxItems")
         node.min_length, node.max_length = _bounds(schema, path, "minLength", "maxLength")
+        node.minimum, node.maximum = _integer_bounds(schema, path, kinds)
         return node
+
+
+def _integer_bounds(schema: dict[str, Any], path: str, kinds: list[str]) -> tuple[Any, Any]:
+    """minimum / maximum (exclusive ones made inclusive), for integers only: a number's digits
+    after its point would need a grammar of their own."""
+    keys = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+    given = [k for k in keys if k in schema]
+    if not given:
+        return None, None
+    if "number" in kinds or "integer" not in kinds:
+        raise ValueError(f"{path}.{given[0]}: served for type integer only")
+    bounds: list[int | None] = [None, None]
+    for key in given:
+        value = schema[key]
+        if type(value) not in (int, float) or value != value or abs(value) == float("inf"):
+            raise ValueError(f"{path}.{key}: a number, got {value!r}")
+        low = key in ("minimum", "exclusiveMinimum")
+        exclusive = key.startswith("exclusive")
+        bound = math.floor(value) + 1 if low and exclusive else math.ceil(value) if low else (
+            math.ceil(value) - 1 if exclusive else math.floor(value))  # fmt: skip
+        index = 0 if low else 1
+        current = bounds[index]
+        bounds[index] = (
+            bound if current is None else max(current, bound) if low else min(current, bound)
+        )
+    if bounds[0] is not None and bounds[1] is not None and bounds[0] > bounds[1]:
+        raise ValueError(f"{path}.{given[0]}: no integer is within the bounds")
+    return bounds[0], bounds[1]
 
 
 def _bounds(schema: dict[str, Any], path: str, low_key: str, high_key: str) -> tuple[int, Any]:

@@ -148,6 +148,27 @@ def test_strings_within_their_length_in_characters():
     assert not prefix_ok(node, '"abcd') and prefix_ok(node, '"abc')
 
 
+@pytest.mark.parametrize(
+    ("bounds", "low", "high"),
+    [({"minimum": 0}, 0, None), ({"minimum": -12, "maximum": 7}, -12, 7),
+     ({"exclusiveMinimum": 9.5, "exclusiveMaximum": 1000}, 10, 999),
+     ({"maximum": -20}, None, -20), ({"minimum": 100, "maximum": 100}, 100, 100)],
+)  # fmt: skip
+def test_integers_within_their_bounds(bounds, low, high):
+    node = compile_schema({"type": "integer", **bounds})
+    for value in range(-1500, 1500):
+        inside = (low is None or value >= low) and (high is None or value <= high)
+        assert accepts(node, str(value)) is inside, value
+    assert not accepts(node, "01") and not accepts(node, "1.0") and not accepts(node, "--1")
+
+
+def test_bounds_only_for_integers():
+    with pytest.raises(ValueError, match="schema.minimum: served for type integer only"):
+        compile_schema({"type": "number", "minimum": 0})
+    with pytest.raises(ValueError, match="schema.minimum: no integer is within the bounds"):
+        compile_schema({"type": "integer", "minimum": 3, "maximum": 2})
+
+
 def test_objects_without_properties_take_any_keys_or_none():
     assert accepts(compile_schema({"type": "object"}), '{"x": [1, {"y": null}]}')
     closed = compile_schema({"type": "object", "additionalProperties": False})
@@ -225,7 +246,9 @@ def _schemas():
         [{"type": t} for t in ("string", "integer", "number", "boolean", "null")]
         + [{}, {"enum": [1, "a", None]}, {"const": "x"}, {"type": ["string", "null"]}]
         + [{"type": "string", "minLength": 1, "maxLength": 3}, {"type": "string", "minLength": 2},
-           {"type": "string", "maxLength": 0}]
+           {"type": "string", "maxLength": 0}, {"type": "integer", "minimum": -5, "maximum": 120},
+           {"type": "integer", "exclusiveMinimum": 0}, {"type": "integer", "maximum": -3},
+           {"type": ["integer", "null"], "minimum": 10, "exclusiveMaximum": 100.5}]
     )  # fmt: skip
 
     def nest(children):
@@ -267,6 +290,7 @@ def _values():
     bmp = st.characters(max_codepoint=0xFFFF, exclude_categories=("Cs",))  # no surrogate pairs
     scalars = st.one_of(
         st.none(), st.booleans(), st.integers(-10**6, 10**6), st.sampled_from(["a", "x", ""]),
+        st.integers(-200, 200),
         st.text(bmp, max_size=4),
         st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not f.is_integer()),
     )  # fmt: skip
