@@ -100,7 +100,7 @@ def _done(rest: State, key: bytes | None = None) -> State:
     node, phase, seen, value = top[1:]
     if phase == 2:  # a key: the node of its value
         if node.properties is None:
-            return rest[:-1] + (("O", node, 3, seen, ANY),)
+            return rest[:-1] + (("O", node, 3, seen, node.values or ANY),)
         name = json.loads(key) if key is not None else ""
         return rest[:-1] + (("O", node, 3, seen | {name}, node.properties[name]),)
     return rest[:-1] + (("O", node, 5, seen, None),)

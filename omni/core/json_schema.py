@@ -4,12 +4,13 @@ The subset (anything else is a ValueError naming its JSON path): `type` (object,
 number, integer, boolean, null, or a list of them), `properties`, `required`, `items` (with
 `minItems` / `maxItems`), `minLength` / `maxLength` (characters; an escaped surrogate pair counts
 two), `minimum` / `maximum` and their exclusive forms (for integers), `enum`,
-`const`, `anyOf` whose alternatives start differently (a string or null, an object or an array:
-what Pydantic writes for `Optional[...]` and unions of distinct types), `allOf` of one schema,
-`$ref` to `#/$defs/...` or `#/definitions/...` (recursive ones too), and the annotations
-`title`, `description`, `$schema`, `default`, `examples`, `additionalProperties` (false). So the
-schemas the openai client writes for Pydantic models (`client.beta.chat.completions.parse`) are
-served. An object with `properties` takes those keys only (OpenAI's strict mode), each at most
+`const`, `anyOf` / `oneOf` whose alternatives start differently (a string or null, an object
+or an array: what Pydantic writes for `Optional[...]` and unions of distinct types; then at most
+one matches), `allOf` of one schema, `$ref` to `#/$defs/...` or `#/definitions/...` (recursive
+ones too), `additionalProperties`: false, or a schema for an object without properties (a map:
+any keys, those values), and the annotations `title`, `description`, `$schema`, `default`,
+`examples`. So the schemas the openai client writes for Pydantic models
+(`client.chat.completions.parse`) are served. An object with `properties` takes those keys only (OpenAI's strict mode), each at most
 once, in any order, and ends only once every `required` one is in; an object without them takes
 any keys with any values. `{}` (or no `type`) is any value.
 """
@@ -27,7 +28,7 @@ _ANNOTATIONS = frozenset(
 )  # fmt: skip
 _KEYWORDS = ("type", "properties", "required", "items", "minItems", "maxItems", "minLength",
              "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum",
-             "const", "anyOf", "allOf", "$ref")  # fmt: skip
+             "const", "anyOf", "oneOf", "allOf", "$ref")  # fmt: skip
 _EXTENSIONS = frozenset({"x-omni-tool-call"})
 _STARTS = {"object": b"{", "array": b"[", "string": b'"', "number": b"-0123456789",
            "integer": b"-0123456789", "boolean": b"tf", "null": b"n"}  # fmt: skip
@@ -39,7 +40,7 @@ class Node:
 
     __slots__ = (
         "kinds", "properties", "required", "items", "literals", "choices", "tags", "min_items",
-        "max_items", "min_length", "max_length", "minimum", "maximum",
+        "max_items", "min_length", "max_length", "minimum", "maximum", "values",
     )  # fmt: skip
 
     def __init__(
@@ -67,6 +68,7 @@ class Node:
         self.max_length: int | None = None
         self.minimum: int | None = None  # an integer's bounds, inclusive
         self.maximum: int | None = None
+        self.values: Node | None = None  # an object without properties: its values (None: any)
 
 
 ANY = Node(frozenset(TYPES))
@@ -87,7 +89,7 @@ def compile_schema(schema: Any, path: str = "schema") -> Node:
             for byte in first_bytes(alternative):
                 if byte in node.choices:
                     raise ValueError(
-                        f"{where}.anyOf.{index}: starts like an earlier alternative (with "
+                        f"{where}.{index}: starts like an earlier alternative (with "
                         f"{chr(byte)!r}); only alternatives of distinct types are supported"
                     )
                 node.choices[byte] = alternative
@@ -159,13 +161,15 @@ class _Compiler:
             if not isinstance(parts, list) or len(parts) != 1:
                 raise ValueError(f"{path}.allOf: only a list of one schema is supported")
             return self.node(parts[0], f"{path}.allOf.0")
-        if "anyOf" in schema:
-            options = schema["anyOf"]
+        for word in ("anyOf", "oneOf"):  # alternatives that start differently: one matches
+            if word not in schema:
+                continue
+            options = schema[word]
             if not isinstance(options, list) or not options:
-                raise ValueError(f"{path}.anyOf: a non-empty list, got {options!r}")
+                raise ValueError(f"{path}.{word}: a non-empty list, got {options!r}")
             union = Node()
-            alternatives = [self.node(s, f"{path}.anyOf.{i}") for i, s in enumerate(options)]
-            self.unions.append((union, alternatives, path))
+            alternatives = [self.node(s, f"{path}.{word}.{i}") for i, s in enumerate(options)]
+            self.unions.append((union, alternatives, f"{path}.{word}"))
             return union
         return self.value(schema, path)
 
@@ -191,10 +195,10 @@ class _Compiler:
 
     def value(self, schema: dict[str, Any], path: str) -> Node:
         extra = schema.get("additionalProperties")
-        if extra not in (None, False) and (extra not in (True, {}) or "properties" in schema):
+        if extra not in (None, False) and "properties" in schema:
             raise ValueError(
-                f"{path}.additionalProperties: {extra!r} is not supported (false, or true without "
-                "properties)"
+                f"{path}.additionalProperties: {extra!r} is not supported beside properties "
+                "(an object with properties takes those keys only)"
             )
         if "required" in schema and "properties" not in schema:
             raise ValueError(f"{path}.required: needs properties")
@@ -220,6 +224,8 @@ class _Compiler:
                 raise ValueError(f"{path}.required: {missing[0]!r} is not in properties")
         items = self.node(schema["items"], f"{path}.items") if "items" in schema else None
         node = Node(frozenset(kinds), properties, required, items)
+        if isinstance(extra, dict) and extra:  # a map: any keys, values of this schema
+            node.values = self.node(extra, f"{path}.additionalProperties")
         node.min_items, node.max_items = _bounds(schema, path, "minItems", "maxItems")
         node.min_length, node.max_length = _bounds(schema, path, "minLength", "maxLength")
         node.minimum, node.maximum = _integer_bounds(schema, path, kinds)
