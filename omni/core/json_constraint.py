@@ -71,7 +71,7 @@ class JsonConstraint:
         as np.packbits of bool[vocab_size]: read-only, shared by every request in the state."""
         packed = self._masks.get(state)
         if packed is None:
-            if len(self._steps) > 1_000_000:  # the byte steps memo, bounded
+            if len(self._steps) > 200_000:  # the byte steps memo, bounded
                 self._steps.clear()
             packed = np.packbits(self._compute(state))
             packed.flags.writeable = False

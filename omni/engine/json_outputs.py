@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import OrderedDict
 from typing import Any
 
 from omni.core.json_constraint import JsonConstraint, JsonCursor, TokenBytes
@@ -21,6 +22,10 @@ from omni.core.sampling_params import SamplingParams
 from omni.engine.prompt_processor import load_tokenizer
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+MAX_SCHEMAS = 64
+"""Schemas kept with their masks (least recently used out): a server whose every request
+brings a schema of its own holds at most this many (each up to JsonConstraint.max_cached
+masks of vocab_size / 8 bytes)."""
 
 
 def token_bytes(tokenizer: Any) -> list[bytes | None]:
@@ -50,7 +55,9 @@ class JsonOutputs:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self._vocab: TokenBytes | None = None
-        self._constraints: dict[str, JsonConstraint] = {}
+        # The schemas seen last (each with its masks); an evicted one lives on in its cursors.
+        self._constraints: OrderedDict[str, JsonConstraint] = OrderedDict()
+        self.num_computed_evicted = 0  # masks computed for schemas no longer kept
         self._lock = threading.Lock()  # add_request may come from the host's thread and a test's
 
     def cursor(self, params: SamplingParams) -> JsonCursor | None:
@@ -64,6 +71,10 @@ class JsonOutputs:
             if constraint is None:
                 root = compile_schema(json.loads(schema))
                 constraint = self._constraints[schema] = JsonConstraint(root, self._vocabulary())
+                if len(self._constraints) > MAX_SCHEMAS:
+                    _, evicted = self._constraints.popitem(last=False)
+                    self.num_computed_evicted += evicted.num_computed
+            self._constraints.move_to_end(schema)
         eos = [] if self.eos_token_id is None else [self.eos_token_id]
         stops = [*params.stop_token_ids, *eos]
         if not stops:  # a whole value could never end the reply
@@ -83,5 +94,6 @@ class JsonOutputs:
     def stats(self) -> dict[str, int]:
         return {
             "json_schemas": len(self._constraints),
-            "json_masks_computed": sum(c.num_computed for c in self._constraints.values()),
+            "json_masks_computed": self.num_computed_evicted
+            + sum(c.num_computed for c in self._constraints.values()),
         }

@@ -149,3 +149,17 @@ def test_token_bytes_spell_each_token(case):
     for token_id, data in enumerate(tokens):
         if data is not None and token_id not in special:
             assert data.decode("utf-8", "replace") == tokenizer.decode([token_id]), token_id
+
+
+def test_schemas_kept_are_bounded_and_an_evicted_one_still_serves_its_cursors(qwen2_dir):
+    from omni.engine.json_outputs import MAX_SCHEMAS, JsonOutputs
+
+    outputs = JsonOutputs(qwen2_dir, 512, eos_token_id=2)
+    first = outputs.cursor(SamplingParams(json_schema={"enum": [0]}))
+    assert first is not None
+    for value in range(1, MAX_SCHEMAS + 5):  # a schema of its own per request
+        outputs.cursor(SamplingParams(json_schema={"enum": [value]}))
+    assert outputs.stats()["json_schemas"] == MAX_SCHEMAS  # the first ones are out
+    mask = first.allowed()
+    zero = [t for t, data in enumerate(outputs._vocab.tokens) if data == b"0"]
+    assert zero and mask[zero[0]] and mask.sum() == len(zero)  # its own schema's mask
