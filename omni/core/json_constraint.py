@@ -82,10 +82,6 @@ class JsonConstraint:
             self._masks.move_to_end(state)
         return packed
 
-    def allowed(self, state: State) -> np.ndarray:
-        """The same as bool[vocab_size]."""
-        return np.unpackbits(self.packed(state), count=self.vocab.vocab_size).view(bool)
-
     def advance(self, state: State | None, token_id: int) -> State | None:
         data = self.vocab.tokens[token_id] if 0 <= token_id < self.vocab.vocab_size else None
         if state is None or not data:

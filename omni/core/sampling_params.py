@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
@@ -199,8 +200,16 @@ def _check(ok: bool, name: str, value: object, expected: str) -> None:
 def _json_schema(value: object) -> str:
     """A schema's canonical text (dicts sorted by key); a ValueError naming the field."""
     try:
-        schema = json.loads(value) if isinstance(value, str) else value
-        compile_schema(schema)
-        return json.dumps(schema, sort_keys=True)
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        return _canonical_schema(text)
     except (ValueError, TypeError) as e:  # json's errors are ValueErrors too
         raise ValueError(f"SamplingParams.json_schema: {e}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _canonical_schema(text: str) -> str:
+    """Checked once per text: a request's params are built again per choice and per stage
+    (dataclasses.replace runs the checks anew)."""
+    schema = json.loads(text)
+    compile_schema(schema)
+    return json.dumps(schema, sort_keys=True)

@@ -77,9 +77,6 @@ def plan(
             )
         params[name] = _replace(params[name], fields, f"stage_sampling.{name}")
 
-    def fields_of(stage: str) -> dict[str, Any]:
-        return (stage_sampling or {}).get(stage) or {}
-
     strings = _stop_strings(stop)
     stop_strings = {} if text_final else _stop_tokens(async_omni, strings)
     text: dict[str, Any] = {
@@ -104,7 +101,8 @@ def plan(
     if stop_strings:
         merged = dict.fromkeys(params[text_stage].stop_token_ids) | dict.fromkeys(stop_strings)
         text["stop_token_ids"] = tuple(merged)
-    if until_end and max_tokens is None and "max_tokens" not in fields_of(text_stage):
+    staged = (stage_sampling or {}).get(text_stage) or {}
+    if until_end and max_tokens is None and "max_tokens" not in staged:
         text["max_tokens"] = default_max_tokens
     configured = params[text_stage].max_tokens  # None: until the end, room enough already
     if min_text_tokens is not None and max_tokens is None and configured is not None:
