@@ -133,9 +133,14 @@ def chat_text(
     as {"type": "image"} / {"type": "audio"}, as Hugging Face templates expect), else ChatML,
     `<|im_start|>ROLE\\nCONTENT<|im_end|>\\n` per turn then `<|im_start|>assistant\\n`, each
     media part as its begin, placeholder and end tokens (e.g. `<|vision_bos|><|IMAGE|><|vision_eos|>`).
-    `tools` (OpenAI's function tools) go to the template, which renders them if it knows how."""
+    `tools` (OpenAI's function tools) go to the template, which renders them if it knows how;
+    ChatML lists them in the system turn, with the Hermes form of a call (`_tools_system`)."""
     if getattr(tokenizer, "chat_template", None):
         return _templated(tokenizer, turns, tools)
+    if tools:
+        system = turns[0][1] if turns and turns[0][0] == "system" else []
+        rest = turns[1:] if system else turns
+        turns = [("system", [*system, ("text", _tools_system(tools, bool(system)))]), *rest]
     marks = {
         kind: "".join(getattr(tokenizer, attr, None) or default for attr, default in tokens)
         for kind, tokens in _MEDIA_TOKENS.items()
@@ -184,6 +189,18 @@ def _with_arguments_parsed(call: dict[str, Any]) -> dict[str, Any]:
     except ValueError:
         return call
     return call | {"function": call["function"] | {"arguments": arguments}}
+
+
+def _tools_system(tools: list[dict[str, Any]], after_text: bool) -> str:
+    """The tools in a system turn without a template, as Qwen's templates frame them."""
+    listed = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return (
+        ("\n\n" if after_text else "")
+        + "# Tools\n\nYou may call one or more of these functions (signatures inside <tools>):"
+        + f"\n<tools>\n{listed}\n</tools>\n\nTo call one, write its name and arguments as "
+        + "JSON inside <tool_call> tags:\n<tool_call>\n"
+        + '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
 
 
 def _hermes(calls: str) -> str:

@@ -7,7 +7,7 @@
     omni validate [CONFIG] [--model DIR] [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--num-gpus N]
     omni serve [CONFIG] [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
                [--api-key KEY] [--set ...] [--var ...] [--allowed-local-media-path DIR]
-               [--allow-remote-media] [--max-tokens N]
+               [--allow-remote-media] [--max-tokens N] [--tool-call-parser hermes|none]
 
 `--model DIR` is `--var MODEL=DIR` (configs say `model: ${MODEL}/thinker`). `--set` overrides any
 config key by its path, stages by name: `--set stages.thinker.engine.num_blocks=512`
@@ -45,22 +45,12 @@ def _parser() -> argparse.ArgumentParser:
             )
         else:
             p.add_argument("config", help="stage-config YAML file")
-        p.add_argument(
-            "--set",
-            dest="overrides",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a config key (repeatable)",
-        )
-        p.add_argument(
-            "--var",
-            dest="variables",
-            action="append",
-            default=[],
-            metavar="NAME=VALUE",
-            help="define ${NAME} in the config (repeatable)",
-        )
+        for flag, dest, metavar, what in (
+            ("--set", "overrides", "KEY=VALUE", "override a config key"),
+            ("--var", "variables", "NAME=VALUE", "define ${NAME} in the config"),
+        ):
+            p.add_argument(flag, dest=dest, action="append", default=[], metavar=metavar,
+                           help=f"{what} (repeatable)")  # fmt: skip
         p.add_argument("--model", metavar="DIR", help="checkpoint directory: sets ${MODEL}")
 
     run = commands.add_parser("run", help="run one prompt through the pipeline")
@@ -119,6 +109,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY`")
     serve.add_argument(
         "--max-tokens", type=int, metavar="N", help="a request's default max_tokens (unset: no cap)"
+    )
+    serve.add_argument(
+        "--tool-call-parser",
+        choices=("hermes", "none"),
+        default="hermes",
+        help="how replies with tool_choice 'auto' are read for calls (default hermes: "
+        "<tool_call>JSON</tool_call>, as Qwen writes them; none: 'auto' is refused)",
     )
     serve.add_argument(
         "--allowed-local-media-path",
@@ -283,6 +280,7 @@ def _serve(args: argparse.Namespace, config: OmniConfig) -> int:
         port=args.port,
         api_key=args.api_key,
         max_tokens=args.max_tokens,
+        tool_call_parser=args.tool_call_parser,
         allowed_local_media_path=media,
         allow_remote_media=args.allow_remote_media,
     )

@@ -104,21 +104,25 @@ class Omni:
         messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
         sampling_params: StageParams = None,
         *,
+        tools: list[dict[str, Any]] | None = None,
         use_tqdm: bool = True,
     ) -> list[OmniOutput]:
         """`generate` for chat-format input: one conversation (a list of OpenAI-style messages,
         `{"role": ..., "content": str or parts}`) or a list of them. The prompt is the model
         family's chat framing (the tokenizer's chat template, else ChatML); image and audio parts
-        may be data: URLs or local paths."""
+        may be data: URLs or local paths. `tools` (OpenAI's function tools) go to the framing, as
+        the server's; the reply is not read for calls here."""
         if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
             raise ValueError(f"messages must be a non-empty list of messages, got {messages!r}")
         conversations: list[Any] = (
             [messages] if isinstance(messages[0], Mapping) else list(messages)
         )
-        prompts = [self.chat_prompt(conversation) for conversation in conversations]
+        prompts = [self.chat_prompt(conversation, tools) for conversation in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def chat_prompt(
+        self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         """The prompt dict `chat` builds for one conversation (ValueError naming a bad part),
         framed by the model family's prompt processor."""
         # Here, not at the top: the message models need pydantic (a server extra), generate not.
@@ -129,7 +133,7 @@ class Omni:
             raise ValueError("this model has no tokenizer: chat needs one; use generate with ids")
         local_files = MediaPolicy(allowed_local_media_path=os.sep)
         try:
-            return chat_prompt(processor, [dict(m) for m in messages], local_files)
+            return chat_prompt(processor, [dict(m) for m in messages], local_files, tools)
         except MediaError:
             raise
         except ValueError as e:  # the message models' own validation (pydantic)

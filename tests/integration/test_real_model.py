@@ -11,6 +11,8 @@ installs both (see the Makefile).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import on_cpu, transformers_greedy
 
@@ -177,3 +179,64 @@ def test_openai_parse_with_pydantic_models(model_dir):
     (call,) = called.choices[0].message.tool_calls
     arguments = call.function.parsed_arguments
     assert isinstance(arguments, GetWeather) and arguments.city == "Paris", call
+
+
+FEW_SHOT = [
+    {"role": "system", "content": 'You can call functions. To call one, answer with <tool_call>'
+     '{"name": NAME, "arguments": {...}}</tool_call>.\nFunctions: get_weather(city: string).'},
+    {"role": "user", "content": "What is the weather in Rome?"},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather", "arguments": '
+     '{"city": "Rome"}}\n</tool_call>'},
+]  # fmt: skip
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+
+
+def test_auto_tool_choice_reads_the_models_calls(model_dir):
+    """tool_choice "auto" (the default with tools) against the real model, shown one Hermes call
+    in the conversation: asked for the weather it calls the tool (finish_reason "tool_calls", no
+    content), whole and streamed; asked to greet, it answers in text. A server run with
+    `--tool-call-parser none` refuses "auto" naming the field."""
+    import openai
+    from fastapi.testclient import TestClient
+
+    from omni import AsyncOmni
+    from omni.entrypoints.openai.app import build_app
+    from omni.entrypoints.openai.args import ServerArgs
+
+    weather = FEW_SHOT + [{"role": "user", "content": "What is the weather in Paris?"}]
+    hello = FEW_SHOT + [{"role": "user", "content": "Say hello."}]
+    kwargs = dict(model="smol", tools=[WEATHER_TOOL], max_tokens=40, temperature=0)
+    engine = AsyncOmni(model=model_dir, runtime={"backend": "local"}, **on_cpu("llm"))
+    try:
+        app, bare = (
+            build_app(engine, ServerArgs("smol")),
+            build_app(engine, ServerArgs("smol", tool_call_parser="none")),
+        )
+        with TestClient(app) as http, TestClient(bare) as bare_http:
+            client = openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http)
+            called = client.chat.completions.create(messages=weather, **kwargs)
+            chunks = list(client.chat.completions.create(messages=weather, stream=True, **kwargs))
+            answered = client.chat.completions.create(messages=hello, tool_choice="auto", **kwargs)
+            refusing = openai.OpenAI(
+                base_url="http://testserver/v1", api_key="-", http_client=bare_http
+            )
+            with pytest.raises(openai.BadRequestError) as info:
+                refusing.chat.completions.create(messages=weather, **kwargs)
+    finally:
+        engine.shutdown()
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == ""
+    (streamed,) = [t for d in deltas for t in d.tool_calls or []]
+    assert (streamed.index, streamed.function.name) == (0, "get_weather")
+    assert streamed.function.arguments == call.function.arguments
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    reply = answered.choices[0]
+    assert reply.message.tool_calls is None and reply.finish_reason == "stop", reply
+    assert "hello" in reply.message.content.lower(), reply.message.content
+    assert info.value.body["param"] == "tool_choice", info.value.body

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from omni import Omni
 from omni.core.sampling_params import SamplingParams
+from omni.entrypoints.openai.hermes_calls import HermesCalls
 from omni.entrypoints.openai.prompts import chat_prompt
 from tools.make_tiny_checkpoint import ensure_checkpoint
 from tools.serve_process import ServeProcess
@@ -325,7 +326,7 @@ def test_a_named_tool_call_is_the_constrained_reply_of_the_python_api(client, lm
     with Omni(model=lm_dir, runtime={"backend": "local"}, **on_cpu("llm")) as lm:
         schema = TOOLS[0]["function"]["parameters"]
         (expected,) = lm.chat(
-            MESSAGES, SamplingParams(max_tokens=40, json_schema=schema), use_tqdm=False
+            MESSAGES, SamplingParams(max_tokens=40, json_schema=schema), tools=TOOLS, use_tqdm=False
         )
         tokenizer = lm.async_omni.prompt_processor.tokenizer
         arguments = tokenizer.decode(expected.final.token_ids, skip_special_tokens=True)
@@ -364,28 +365,33 @@ def test_a_named_tool_call_is_the_constrained_reply_of_the_python_api(client, lm
     plain = client.chat.completions.create(**kwargs, tool_choice="none").choices[0]
     assert plain.message.tool_calls is None and plain.message.content is not None
     refused = {
-        "tool_choice": dict(tool_choice="auto"),
-        "tool_choice.function.name": dict(
-            tool_choice={"type": "function", "function": {"name": "x"}}
-        ),
-        "tools[0].function.parameters.properties.word.pattern": dict(
-            tools=[
-                {
-                    "type": "function",
-                    "function": {
-                        "name": "lookup",
-                        "parameters": {
-                            "type": "object",
-                            "properties": {"word": {"type": "string", "pattern": "a+"}},
-                        },
-                    },
-                }
-            ],
-            tool_choice=choice,
-        ),  # fmt: skip
+        "tool_choice.function.name": dict(tool_choice={"type": "function", "function": {"name": "x"}}),
+        "tools[0].function.parameters.properties.word.pattern": dict(tools=[{"type": "function",
+            "function": {"name": "lookup", "parameters": {"type": "object",
+            "properties": {"word": {"type": "string", "pattern": "a+"}}}}}], tool_choice=choice),
         "response_format": dict(tool_choice=choice, response_format={"type": "json_object"}),
-    }
+    }  # fmt: skip
     for param, extra in refused.items():
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(**(kwargs | extra))
         assert info.value.body["param"] == param, info.value.body
+
+
+def test_auto_reads_the_python_apis_free_reply_for_calls(client, lm_dir):
+    """tool_choice "auto" (the default with tools): the reply of the Python API given the same
+    tools, whole and streamed, read for Hermes calls (random weights make none: the content is
+    the reply; tests/integration/test_real_model.py has a model that calls)."""
+    kwargs = dict(model=NAME, messages=MESSAGES, max_tokens=24, temperature=0, tools=TOOLS)
+    with Omni(model=lm_dir, runtime={"backend": "local"}, **on_cpu("llm")) as lm:
+        (expected,) = lm.chat(MESSAGES, SamplingParams(max_tokens=24), tools=TOOLS, use_tqdm=False)
+        (bare,) = lm.chat(MESSAGES, SamplingParams(max_tokens=24), use_tqdm=False)
+        tokenizer = lm.async_omni.prompt_processor.tokenizer
+        text = tokenizer.decode(expected.final.token_ids, skip_special_tokens=True)
+    assert bare.final.token_ids != expected.final.token_ids  # the tools are in the prompt
+    message = HermesCalls(["lookup", "noop"]).message(text)
+    for choice in (None, "auto"):
+        whole = client.chat.completions.create(**kwargs, tool_choice=choice).choices[0]
+        assert whole.message.content == message["content"]
+        assert whole.message.tool_calls is None and "tool_calls" not in message
+        chunks = client.chat.completions.create(**kwargs, tool_choice=choice, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text

@@ -14,6 +14,7 @@ from omni.core.json_grammar import initial, is_complete, step
 from omni.core.json_schema import compile_schema
 from omni.entrypoints.chat_messages import ChatMessage, chat_prompt
 from omni.entrypoints.openai.errors import OpenAIError
+from omni.entrypoints.openai.hermes_calls import HermesCalls
 from omni.entrypoints.openai.tools import NO_PARAMETERS, CallCursor, tool_call
 
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -40,8 +41,8 @@ def test_a_named_choice_is_served():
     bare = tool_call(TOOLS, {"type": "function", "function": {"name": "now"}})
     assert bare is not None and json.loads(bare.json_schema) == NO_PARAMETERS
     cursor = CallCursor(call)
-    assert cursor.message('{"city": "Oslo"}') == {"id": cursor.id, "type": "function",
-        "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}  # fmt: skip
+    assert cursor.message('{"city": "Oslo"}') == {"content": None, "tool_calls": [{"id": cursor.id,
+        "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]}  # fmt: skip
     assert cursor.id.startswith("call_") and len(cursor.id) == 29
     assert call.finish_reason("stop") == "stop"  # as OpenAI answers a named choice
 
@@ -65,7 +66,7 @@ def test_required_is_one_call_of_any_tool_spelled_as_hermes_calls_are():
 
 def test_a_streamed_call_joins_to_the_whole_one():
     text = '{"name": "weather", "arguments": {"city": "O}slo", "x": {"y": 1} } }'
-    whole = CallCursor(tool_call(TOOLS, "required")).message(text)["function"]
+    whole = CallCursor(tool_call(TOOLS, "required")).message(text)["tool_calls"][0]["function"]
     assert whole == {"name": "weather", "arguments": '{"city": "O}slo", "x": {"y": 1} }'}
     for cut in range(1, len(text)):  # every split into two pieces, then the end
         cursor = CallCursor(tool_call(TOOLS, "required"))
@@ -79,8 +80,6 @@ def test_a_streamed_call_joins_to_the_whole_one():
 @pytest.mark.parametrize(
     ("tools", "choice", "param"),
     [
-        (TOOLS, None, "tool_choice"),  # OpenAI's default with tools: auto
-        (TOOLS, "auto", "tool_choice"),
         ([], "required", "tool_choice"),
         (TOOLS, "sometimes", "tool_choice"),
         (TOOLS, {"type": "function", "function": {"name": "x"}}, "tool_choice.function.name"),
@@ -96,6 +95,22 @@ def test_what_is_not_served_is_refused_naming_the_field(tools, choice, param):
     with pytest.raises(OpenAIError) as info:
         tool_call(tools, choice)
     assert info.value.body()["error"]["param"] == param
+
+
+def test_auto_is_a_free_reply_read_for_calls_unless_the_server_has_no_parser():
+    for choice in (None, "auto"):  # OpenAI's default with tools is auto
+        call = tool_call(TOOLS, choice)
+        assert call is not None and call.json_schema is None and call.max_calls is None
+        assert isinstance(call.cursor(), HermesCalls) and call.cursor().tool_names == {
+            "weather",
+            "now",
+        }
+        with pytest.raises(OpenAIError) as info:
+            tool_call(TOOLS, choice, parser="none")
+        assert info.value.body()["error"]["param"] == "tool_choice"
+    single = tool_call(TOOLS, "auto", parallel_tool_calls=False)
+    assert single is not None and single.max_calls == 1
+    assert tool_call([], "auto") is None  # nothing to call: a plain reply
 
 
 CALLS = [{"id": "call_1", "type": "function",
@@ -146,3 +161,16 @@ def test_tool_turns_without_a_template_are_chatml_in_hermes_form(qwen2_dir):
 def test_tool_fields_on_the_wrong_messages_are_refused(message, error):
     with pytest.raises(ValidationError, match=error):
         ChatMessage.model_validate(message)
+
+
+def test_tools_without_a_template_are_listed_in_the_system_turn(qwen2_dir):
+    tokenizer = AutoTokenizer.from_pretrained(qwen2_dir)
+    listed = "\n".join(json.dumps(tool) for tool in TOOLS)
+    for system in ([], [{"role": "system", "content": "Be brief."}]):
+        text = chat_prompt(tokenizer, system + CONVERSATION[:1], tools=TOOLS)["prompt"]
+        head, rest = text.split("# Tools\n\n", 1)
+        assert head == "<|im_start|>system\n" + ("Be brief.\n\n" if system else ""), text
+        assert f"<tools>\n{listed}\n</tools>" in rest and "<tool_call>\n{" in rest, rest
+        assert rest.endswith(
+            "<|im_start|>user\nWeather in Oslo?<|im_end|>\n<|im_start|>assistant\n"
+        )

@@ -34,6 +34,10 @@ def test_serve_config_errors_exit_2(tmp_path, capsys, qwen2_dir):
     capsys.readouterr()
     assert main(["serve", "--model", qwen2_dir, "--max-tokens", "0"]) == 2  # before it loads
     assert "--max-tokens must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse's choices, before it loads
+        main(["serve", "--model", qwen2_dir, "--tool-call-parser", "llama3"])
+    assert exit_info.value.code == 2
+    assert "--tool-call-parser: invalid choice: 'llama3'" in capsys.readouterr().err
 
 
 def _error(body: dict) -> dict:

@@ -22,6 +22,10 @@ class ServerArgs:
     max_tokens: int | None = None
     """max_tokens of a request that sets none (--max-tokens); None: until the end of the
     context, as OpenAI's API does (the stage config's max_tokens is the Python API's default)."""
+    tool_call_parser: str = "hermes"
+    """How a reply with tool_choice "auto" is read for calls (--tool-call-parser): "hermes"
+    (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, as Qwen writes them), or "none"
+    ("auto" is refused)."""
     max_body_bytes: int = MAX_BODY_BYTES
     media_timeout_s: float = 10.0
     max_media_bytes: int = 20 * 1024 * 1024

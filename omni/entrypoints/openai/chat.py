@@ -50,9 +50,11 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
             raise bad_request(f"{name}: {value!r} is not supported", name, "unsupported_value")
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs: needs logprobs set to true", "top_logprobs")
-    call = tools.tool_call(body.tools, body.tool_choice)
+    call = tools.tool_call(
+        body.tools, body.tool_choice, ctx.args.tool_call_parser, body.parallel_tool_calls
+    )
     json_schema = sampling.json_schema_of(body.response_format)
-    if call is not None and json_schema is not None:
+    if call is not None and call.json_schema is not None and json_schema is not None:
         raise bad_request(
             "response_format: a named tool_choice makes the reply the function's arguments "
             "already; leave response_format out (or {'type': 'text'})",
@@ -87,7 +89,8 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         speaker = ctx.voice(body.audio.voice, "audio.voice")
         if call is not None:
             raise bad_request(
-                "tool_choice: a function call is text; ask for modalities ['text']",
+                "tool_choice: function calls are text; ask for modalities ['text'] or send "
+                "tool_choice 'none'",
                 "tool_choice",
                 "unsupported_value",
             )
@@ -106,7 +109,7 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
         default_max_tokens=ctx.args.max_tokens,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         text_final=not want_audio,
-        json_schema=json_schema if call is None else call.json_schema,
+        json_schema=json_schema if call is None else call.json_schema or json_schema,
     )
     prompt = await asyncio.to_thread(
         chat_prompt,

@@ -2,7 +2,7 @@
 the request's snapshots, its response message, and its streamed chunks (the text as it comes,
 audio as the vocoder decodes it, with the logprobs of the tokens each piece carries). With a named
 or required tool_choice (omni/entrypoints/openai/tools.py) the text is a function call, in
-`tool_calls` instead of `content`."""
+`tool_calls` instead of `content`; with "auto" the calls the text makes are taken out of it."""
 
 from __future__ import annotations
 
@@ -46,15 +46,14 @@ class ChatChoice:
         self.created = int(time.time())
         self.audio_id = new_id("audio")
         self.audio_sent = False
-        self.call = None if call is None else CallCursor(call)  # the text is a function call
+        self.call = None if call is None else call.cursor()  # the text is, or makes, calls
 
     def message(self, out: OmniOutput) -> dict[str, Any]:
         """This choice in a whole response: its message, finish reason and logprobs."""
         text = self.cursor.text(out)
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if self.call is not None:
-            message["content"] = None
-            message["tool_calls"] = [self.call.message(text)]
+            message |= self.call.message(text)
         if self.want_audio:
             final = out.final
             assert self.body.audio is not None
@@ -76,7 +75,7 @@ class ChatChoice:
 
     def _finish_reason(self, out: OmniOutput) -> str:
         reason = streaming.finish_reason(out, self.text_stage)
-        return reason if self.call is None else self.call.call.finish_reason(reason)
+        return reason if self.call is None else self.call.finish_reason(reason)
 
     def chunk(
         self,
@@ -133,7 +132,7 @@ class ChatChoice:
         return chunks + [self.chunk({}, self._finish_reason(out))]
 
     def role_delta(self) -> dict[str, Any]:
-        return {"role": "assistant", "content": None if self.call else ""}
+        return {"role": "assistant", "content": None if isinstance(self.call, CallCursor) else ""}
 
     def _text_delta(self, text: str) -> dict[str, Any] | None:
         """New text: `content` for text clients and, with audio, the transcript as OpenAI

@@ -8,13 +8,15 @@
   Qwen's Hermes calls are spelled (omni/core/json_schema.py, TOOL_CALL), its arguments
   constrained to that tool's schema once its name is out; finish_reason "tool_calls". One call
   (as with `parallel_tool_calls: false`).
+- "auto" (OpenAI's default with tools): a free reply, read for calls in the form the server's
+  `--tool-call-parser` names (omni/entrypoints/openai/hermes_calls.py); finish_reason
+  "tool_calls" when it made one. With `--tool-call-parser none` it is a 400 naming
+  `tool_choice`, as vLLM answers without a parser.
 - "none" (or no tools): a plain reply, the tools left out of the prompt.
 
-Either call is the message's `tool_calls` (content null); streamed, the call's id and name come in
-its first `delta.tool_calls`, then its arguments as they come (`CallCursor`). The tools go to
-the model's chat template. "auto" (OpenAI's default with tools) needs a model-specific parser of
-calls in free text, which omni does not have: a 400 naming `tool_choice`, as vLLM answers
-without one.
+A forced call is the message's `tool_calls` (content null); streamed, the call's id and name come
+in its first `delta.tool_calls`, then its arguments as they come (`CallCursor`). The tools go to
+the model's chat template.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from omni.core.json_schema import TOOL_CALL, call_parts, compile_schema
 from omni.entrypoints.openai.context import new_id
 from omni.entrypoints.openai.errors import bad_request
+from omni.entrypoints.openai.hermes_calls import HermesCalls
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 NO_PARAMETERS = {"type": "object", "properties": {}}
@@ -34,11 +37,20 @@ NO_PARAMETERS = {"type": "object", "properties": {}}
 
 @dataclass(frozen=True)
 class ToolCall:
-    """The call a reply makes: `name`'s arguments (a named choice), or any tool's (None)."""
+    """The call a reply makes: `name`'s arguments (a named choice), or any tool's (None); or
+    the calls a free reply makes (json_schema None: tool_choice "auto")."""
 
     name: str | None
-    json_schema: str  # for SamplingParams.json_schema
+    json_schema: str | None  # for SamplingParams.json_schema
     tools: list[dict[str, Any]]  # every tool, for the chat template
+    max_calls: int | None = None  # a free reply's (parallel_tool_calls false: 1)
+
+    def cursor(self) -> CallCursor | HermesCalls:
+        """A choice's reader of its reply."""
+        if self.json_schema is None:
+            names = [tool["function"]["name"] for tool in self.tools]
+            return HermesCalls(names, self.max_calls)
+        return CallCursor(self)
 
     def parts(self, text: str, whole: bool) -> tuple[str, str] | None:
         """(name, arguments) of the reply's text so far (None: the name is not out yet); for a
@@ -64,10 +76,14 @@ class CallCursor:
         self.sent: str | None = None  # the arguments streamed so far (None: nothing yet)
 
     def message(self, text: str) -> dict[str, Any]:
-        """The call in a whole message."""
+        """The whole message's content (none) and call."""
         name, arguments = self.call.parts(text, whole=True) or ("", "")
-        return {"id": self.id, "type": "function",
+        call = {"id": self.id, "type": "function",
                 "function": {"name": name, "arguments": arguments}}  # fmt: skip
+        return {"content": None, "tool_calls": [call]}
+
+    def finish_reason(self, reason: str) -> str:
+        return self.call.finish_reason(reason)
 
     def delta(self, new_text: str, whole: bool = False) -> dict[str, Any] | None:
         """The delta of `new_text` (None: nothing to send yet); `whole`: the reply is complete
@@ -87,22 +103,31 @@ class CallCursor:
         return {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
 
 
-def tool_call(tools: list[dict[str, Any]] | None, tool_choice: Any) -> ToolCall | None:
-    """The call `tool_choice` asks for (None: a plain reply); a 400 naming the field of a
-    malformed tool or choice, or of one omni does not serve."""
+def tool_call(
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    parser: str = "hermes",
+    parallel_tool_calls: bool | None = None,
+) -> ToolCall | None:
+    """The call `tool_choice` asks for (None: a plain reply); `parser` reads a free reply's
+    calls ("none": "auto" is refused). A 400 naming the field of a malformed tool or choice, or
+    of one omni does not serve."""
     functions = [_function(tool, f"tools[{i}]") for i, tool in enumerate(tools or [])]
     if tool_choice is None:
         tool_choice = "auto" if functions else "none"
-    if tool_choice == "none":
+    if tool_choice == "none" or (tool_choice == "auto" and not functions):
         return None
     if tool_choice == "auto":
-        raise bad_request(
-            "tool_choice: 'auto' (the default with tools) is not served: omni has no parser of "
-            "tool calls in free text; send 'required', a named function ({'type': 'function', "
-            "'function': {'name': ...}}) or 'none'",
-            "tool_choice",
-            "unsupported_value",
-        )
+        if parser == "none":
+            raise bad_request(
+                "tool_choice: 'auto' (the default with tools) needs a parser of calls in free "
+                "text, and this server runs with --tool-call-parser none; send 'required', a "
+                "named function ({'type': 'function', 'function': {'name': ...}}) or 'none'",
+                "tool_choice",
+                "unsupported_value",
+            )
+        max_calls = 1 if parallel_tool_calls is False else None
+        return ToolCall(None, None, list(tools or []), max_calls)
     if tool_choice == "required":
         if not functions:
             raise bad_request("tool_choice: 'required' needs tools", "tool_choice")
@@ -110,7 +135,8 @@ def tool_call(tools: list[dict[str, Any]] | None, tool_choice: Any) -> ToolCall 
         return ToolCall(None, json.dumps({TOOL_CALL: schemas}, sort_keys=True), list(tools or []))
     if not (isinstance(tool_choice, dict) and tool_choice.get("type") == "function"):
         raise bad_request(
-            "tool_choice: 'none', 'required' or {'type': 'function', 'function': {'name': ...}}, "
+            "tool_choice: 'none', 'auto', 'required' or {'type': 'function', 'function': "
+            "{'name': ...}}, "
             f"got {tool_choice!r}",
             "tool_choice",
         )
