@@ -215,6 +215,9 @@ def _hermes(calls: str) -> str:
 class PromptProcessor:
     """Tokenizes text prompts with the root stage's tokenizer. Multimodal families subclass it."""
 
+    input_media: tuple[str, ...] = ()
+    """The media a prompt may carry besides text ("images", "audio"); none: text only."""
+
     def __init__(self, model_dir: str) -> None:
         self.model_dir = model_dir
         self.tokenizer: Any = load_tokenizer(model_dir)

@@ -81,13 +81,18 @@ def load_audio(data: str, fmt: str, param: str) -> bytes:
             f"{param}.format",
         )
     raw = decode_base64(data, f"{param}.data")
+    check_wav(raw, f"{param}.data")
+    return raw
+
+
+def check_wav(raw: bytes, param: str) -> None:
+    """A MediaError naming `param` unless `raw` is a WAV file with samples."""
     try:
         with wave.open(io.BytesIO(raw)) as w:
             if w.getnframes() == 0:
-                raise bad_request(f"{param}.data: the WAV has no samples", f"{param}.data")
+                raise bad_request(f"{param}: the WAV has no samples", param)
     except (wave.Error, EOFError) as e:
-        raise bad_request(f"{param}.data: not a readable WAV ({e})", f"{param}.data") from None
-    return raw
+        raise bad_request(f"{param}: not a readable WAV ({e})", param) from None
 
 
 def _fetch(url: str, param: str, policy: MediaPolicy) -> bytes:

@@ -51,6 +51,7 @@ def audio_token_count(num_frames: int) -> int:
 class OmniPromptProcessor(PromptProcessor):
     """Tokenizer + Qwen2-VL image processor + Whisper feature extractor of a checkpoint."""
 
+    input_media = MODALITIES
     audio_padding = "max_length"
     """The feature extractor's padding, as the family's HF processor pads one audio."""
 

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from omni.entrypoints.openai import chat, completions, speech
+from omni.entrypoints.openai import chat, completions, speech, transcription
 from omni.entrypoints.openai.args import ServerArgs
 from omni.entrypoints.openai.context import Context
 from omni.entrypoints.openai.context import check_api_key as _auth
@@ -95,6 +95,18 @@ def build_app(async_omni: Any, args: ServerArgs) -> FastAPI:
         _auth(request, args)
         return await speech.create(ctx, request, await _parse(request, SpeechRequest, args))
 
+    @app.post(transcription.TRANSCRIBE)
+    async def audio_transcriptions(request: Request) -> Response:
+        _auth(request, args)
+        body = await _body(request, args)
+        return await transcription.create(ctx, request, body, transcription.TRANSCRIBE)
+
+    @app.post(transcription.TRANSLATE)
+    async def audio_translations(request: Request) -> Response:
+        _auth(request, args)
+        body = await _body(request, args)
+        return await transcription.create(ctx, request, body, transcription.TRANSLATE)
+
     @app.websocket("/v1/realtime")
     async def realtime_session(ws: WebSocket) -> None:
         await realtime.serve(ws, ctx)
@@ -112,8 +124,8 @@ def _model_card(ctx: Context) -> dict[str, Any]:
     }
 
 
-async def _parse(request: Request, model: type[M], args: ServerArgs) -> M:
-    """The JSON body as `model`: 413 over the size limit, 400 for bad JSON or a bad field."""
+async def _body(request: Request, args: ServerArgs) -> bytes:
+    """The request's body: 413 over the size limit, 400 when empty."""
     limit = args.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -124,9 +136,15 @@ async def _parse(request: Request, model: type[M], args: ServerArgs) -> M:
         if len(body) > limit:
             raise _too_large(len(body), limit)
     if not body:
-        raise bad_request("the request body is empty; expected a JSON object", None)
+        raise bad_request("the request body is empty", None)
+    return bytes(body)
+
+
+async def _parse(request: Request, model: type[M], args: ServerArgs) -> M:
+    """The JSON body as `model`: 413 over the size limit, 400 for bad JSON or a bad field."""
+    body = await _body(request, args)
     try:
-        return model.model_validate_json(bytes(body))
+        return model.model_validate_json(body)
     except ValidationError as e:
         errors = e.errors()
         if errors and errors[0].get("type") == "json_invalid":

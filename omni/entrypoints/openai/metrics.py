@@ -15,7 +15,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/v1/models")
+ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/audio/speech",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    "/v1/models",
+)
 _BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _STAGE_GAUGES = {
     "kv_queried_tokens": "prefix-cache lookups: prompt tokens queried (total)",

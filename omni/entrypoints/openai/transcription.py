@@ -1,0 +1,195 @@
+"""POST /v1/audio/transcriptions and /v1/audio/translations: the text of a WAV file's speech, from
+a pipeline whose root stage hears audio (Qwen2.5-Omni's and Qwen3-Omni's thinkers).
+
+An omni model is not a speech recognizer with timestamps: the audio goes in a chat turn with an
+instruction (`instruction`: transcribe word for word, in `language` when given, with `prompt` as
+context; or translate into English), and the reply of the text stage is the transcript. The
+request ends there (the talker and vocoder never run). The body is multipart/form-data as
+OpenAI's client sends it (omni/entrypoints/openai/form_data.py).
+
+Fields: `file` (WAV), `model`, `prompt`, `response_format` (json: `{"text", "usage"}`; text),
+`temperature` (default 0, greedy); transcriptions also `language` (ISO-639-1) and `stream`
+(server-sent `transcript.text.delta` events as the text comes, then `transcript.text.done` with
+the whole text and the usage), `chunking_strategy` "auto". Refused with a 400 naming the field:
+verbose_json, srt and vtt (they need timestamps), `timestamp_granularities[]`, `include[]`, any
+other field.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.requests import Request
+
+from omni.entrypoints import media_parts
+from omni.entrypoints.openai import sampling, streaming
+from omni.entrypoints.openai.context import Context, new_id
+from omni.entrypoints.openai.errors import bad_request, from_exception
+from omni.entrypoints.openai.form_data import FormPart, parse_form
+from omni.entrypoints.openai.prompts import chat_prompt
+from omni.entrypoints.snapshot_cursor import SnapshotCursor
+from omni.messages import OmniOutput
+
+TRANSCRIBE, TRANSLATE = "/v1/audio/transcriptions", "/v1/audio/translations"
+FORMATS = ("json", "text")
+NEEDS_TIMESTAMPS = ("verbose_json", "srt", "vtt")
+FIELDS = {
+    TRANSCRIBE: ("file", "model", "language", "prompt", "response_format", "temperature",
+                 "stream", "chunking_strategy", "timestamp_granularities[]", "include[]"),
+    TRANSLATE: ("file", "model", "prompt", "response_format", "temperature"),
+}  # fmt: skip
+_LANGUAGE = re.compile(r"[a-z]{2}")
+
+
+def instruction(translate: bool, language: str | None, prompt: str | None) -> str:
+    """What the model is asked to do with the audio."""
+    if translate:
+        text = "Translate the speech in this audio into English."
+    else:
+        text = "Transcribe the speech in this audio word for word"
+        text += f" (language: {language})." if language else "."
+    text += " Reply with that text only."
+    if prompt:
+        text += f" Earlier text, for context and spelling: {prompt}"
+    return text
+
+
+async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> Response:
+    form = parse_form(body, request.headers.get("content-type"))
+    unknown = sorted(set(form) - set(FIELDS[endpoint]))
+    if unknown:
+        raise bad_request(
+            f"{unknown[0]}: not a field of {endpoint}; fields: {list(FIELDS[endpoint])}",
+            unknown[0],
+        )
+    field = {name: parts[-1] for name, parts in form.items()}
+    model = _value(field, "model")
+    if model is None:
+        raise bad_request("model: required", "model", "missing_required_parameter")
+    ctx.check_model(model)
+    text_stage = ctx.text_stage()
+    processor = ctx.async_omni.prompt_processor
+    if "audio" not in processor.input_media:
+        raise bad_request(
+            f"{ctx.args.model_name!r} does not take audio input (its root stage hears no audio)",
+            "model",
+            "unsupported_value",
+        )
+    if "file" not in field or field["file"].filename is None:
+        raise bad_request("file: the audio file is required", "file", "missing_required_parameter")
+    try:
+        media_parts.check_wav(field["file"].data, "file")
+    except media_parts.MediaError as e:
+        raise bad_request(e.message, e.param) from None
+    response_format = _value(field, "response_format") or "json"
+    if response_format not in FORMATS:
+        timestamps = response_format in NEEDS_TIMESTAMPS
+        raise bad_request(
+            f"response_format: {response_format!r} is not supported"
+            + ("; it needs timestamps, which omni's models do not give" if timestamps else "")
+            + f"; formats: {list(FORMATS)}",
+            "response_format",
+            "unsupported_value",
+        )
+    for name in ("timestamp_granularities[]", "include[]"):
+        if name in form:
+            raise bad_request(f"{name}: not supported", name, "unsupported_value")
+    if _value(field, "chunking_strategy") not in (None, "auto"):
+        raise bad_request("chunking_strategy: only 'auto' is supported", "chunking_strategy")
+    language = _value(field, "language")
+    if language is not None and not _LANGUAGE.fullmatch(language):
+        raise bad_request(f"language: an ISO-639-1 code (e.g. 'en'), got {language!r}", "language")
+    stream = _flag(field, "stream")
+    audio = base64.b64encode(field["file"].data).decode()
+    ask = instruction(endpoint == TRANSLATE, language, _value(field, "prompt"))
+    messages = [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
+        {"type": "text", "text": ask}]}]  # fmt: skip
+    prompt = chat_prompt(processor, messages, ctx.args)
+    plan = sampling.plan(
+        ctx.async_omni,
+        text_stage,
+        temperature=_temperature(field),
+        until_end=True,
+        default_max_tokens=ctx.args.max_tokens,
+        text_final=True,
+    )
+    prepared = await streaming.prepare(ctx.async_omni, prompt, new_id("transcription"))
+    timer = ctx.metrics.timer(endpoint)
+    outputs = ctx.async_omni.run(
+        prepared, plan.params, final_stage=text_stage, step_snapshots=stream
+    )
+    if stream:
+        return StreamingResponse(_events(ctx, outputs, timer), media_type="text/event-stream")
+    try:
+        out = await streaming.until_disconnected(request, streaming.collect(outputs, timer))
+    except streaming.ClientGone:
+        return Response(status_code=499)
+    text = SnapshotCursor(text_stage).text(out)
+    if response_format == "text":
+        return PlainTextResponse(text)
+    return JSONResponse({"text": text, "usage": _usage(ctx, out)})
+
+
+async def _events(ctx: Context, outputs: Any, timer: Any) -> AsyncIterator[bytes]:
+    """`transcript.text.delta` per new piece of text, then `transcript.text.done`; a failure
+    after the status was sent is an `error` event."""
+    cursor = SnapshotCursor(ctx.text_stage())
+    last = None
+    try:
+        async with contextlib.aclosing(outputs) as snapshots:
+            async for last in snapshots:
+                timer.output()
+                if last.finished:  # its tail is sent below, once it is known not to be an error
+                    continue
+                piece = cursor.advance(last).text
+                if piece:
+                    timer.first_token()
+                    yield streaming.sse({"type": "transcript.text.delta", "delta": piece})
+        out = streaming.check(last)
+        piece = cursor.advance(out).text
+        if piece:
+            yield streaming.sse({"type": "transcript.text.delta", "delta": piece})
+        whole = {
+            "type": "transcript.text.done",
+            "text": cursor.text(out),
+            "usage": _usage(ctx, out),
+        }
+        yield streaming.sse(whole)
+    except Exception as e:  # noqa: BLE001 - the status is sent: report in the stream
+        yield streaming.sse({"type": "error", **from_exception(e).body()})
+    finally:
+        timer.done(ok=last is not None and last.error is None)
+
+
+def _usage(ctx: Context, out: OmniOutput) -> dict[str, Any]:
+    counts = streaming.usage(ctx.async_omni, out, ctx.text_stage())
+    return {"type": "tokens", "input_tokens": counts["prompt_tokens"],
+            "output_tokens": counts["completion_tokens"], "total_tokens": counts["total_tokens"]}  # fmt: skip
+
+
+def _value(field: dict[str, FormPart], name: str) -> str | None:
+    return field[name].text() if name in field else None
+
+
+def _flag(field: dict[str, FormPart], name: str) -> bool:
+    value = (_value(field, name) or "false").lower()
+    if value not in ("true", "false"):
+        raise bad_request(f"{name}: true or false, got {value!r}", name)
+    return value == "true"
+
+
+def _temperature(field: dict[str, FormPart]) -> float:
+    value = _value(field, "temperature") or "0"
+    try:
+        temperature = float(value)
+    except ValueError:
+        temperature = -1.0
+    if not 0.0 <= temperature <= 2.0:
+        raise bad_request(f"temperature: a number in [0, 2], got {value!r}", "temperature")
+    return temperature

@@ -1,0 +1,152 @@
+"""/v1/audio/transcriptions and /v1/audio/translations with the official `openai` client against
+a real `omni serve` of the tiny Qwen2.5-Omni: a WAV file's text equals the Python API's thinker
+reply to the same audio and instruction (json, text and streamed), the form's fields reach the
+instruction, and bad requests are 400s naming the field."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+
+import httpx
+import openai
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from helpers import OMNI_ON_CPU, cli_sets, on_cpu
+from server_support import wav
+
+from omni import AsyncOmni, Omni
+from omni.entrypoints.openai.app import build_app
+from omni.entrypoints.openai.args import ServerArgs
+from omni.entrypoints.openai.transcription import instruction
+from tools.make_tiny_checkpoint import ensure_checkpoint
+from tools.serve_process import ServeProcess
+
+pytestmark = pytest.mark.slow
+NAME, MAX_TOKENS = "tiny-omni", 6
+AUDIO = wav(0.5)
+
+
+@pytest.fixture(scope="module")
+def omni_dir():
+    return str(ensure_checkpoint("qwen2_5_omni", "tiny"))
+
+
+@pytest.fixture(scope="module")
+def client(omni_dir):
+    args = ["--model", omni_dir, "--served-model-name", NAME, "--max-tokens", str(MAX_TOKENS)]
+    process = ServeProcess(args + ["--set", "runtime.backend=local", *cli_sets(OMNI_ON_CPU)])
+    process.start()
+    try:
+        process.wait_ready()
+        yield openai.OpenAI(base_url=process.base_url + "/v1", api_key="-", max_retries=0)
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(omni_dir):
+    """ask -> the Python API's thinker text and token counts for AUDIO and that instruction."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    asks = {
+        "plain": instruction(False, None, None),
+        "french": instruction(False, "fr", "Bonjour Anaïs."),
+        "translate": instruction(True, None, None),
+    }
+    with Omni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU) as omni:
+        thinker, talker, vocoder = omni.async_omni.config.stages
+        params = [
+            dataclasses.replace(thinker.sampling, max_tokens=MAX_TOKENS, temperature=0.0),
+            dataclasses.replace(talker.sampling, max_tokens=2),  # its codes are not compared
+            vocoder.sampling,
+        ]
+        results = {}
+        for key, ask in asks.items():
+            audio = {"data": base64.b64encode(AUDIO).decode(), "format": "wav"}
+            content = [{"type": "input_audio", "input_audio": audio}, {"type": "text", "text": ask}]
+            (out,) = omni.chat([{"role": "user", "content": content}], params,
+                               use_tqdm=False)  # fmt: skip
+            result = out.stages[thinker.name]
+            results[key] = (result.text, len(result.prompt_token_ids), len(result.token_ids))
+    torch.set_num_threads(threads)
+    return results
+
+
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the client's translations
+def test_a_transcript_is_the_thinkers_reply_to_the_audio(client, expected):
+    text, num_prompt, num_out = expected["plain"]
+    assert num_out == MAX_TOKENS and num_prompt > 20  # the audio's tokens are in the prompt
+    whole = client.audio.transcriptions.create(model=NAME, file=("a.wav", AUDIO))
+    assert whole.text == text
+    usage = whole.usage
+    assert (usage.type, usage.input_tokens, usage.output_tokens) == ("tokens", num_prompt, num_out)
+    plain = client.audio.transcriptions.create(
+        model=NAME, file=("a.wav", AUDIO), response_format="text"
+    )
+    assert plain == text
+    events = list(
+        client.audio.transcriptions.create(model=NAME, file=("a.wav", AUDIO), stream=True)
+    )
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == text
+    assert events[-1].type == "transcript.text.done" and events[-1].text == text
+    french = client.audio.transcriptions.create(
+        model=NAME, file=("a.wav", AUDIO), language="fr", prompt="Bonjour Anaïs."
+    )
+    assert french.text == expected["french"][0]
+    translated = client.audio.translations.create(model=NAME, file=("a.wav", AUDIO))
+    assert translated.text == expected["translate"][0]
+
+
+@pytest.mark.parametrize(
+    ("fields", "file", "param", "status"),
+    [
+        ({"response_format": "verbose_json"}, AUDIO, "response_format", 400),
+        ({"response_format": "srt"}, AUDIO, "response_format", 400),
+        ({"language": "english"}, AUDIO, "language", 400),
+        ({"temperature": "hot"}, AUDIO, "temperature", 400),
+        ({"temperature": "3"}, AUDIO, "temperature", 400),
+        ({"stream": "maybe"}, AUDIO, "stream", 400),
+        ({"timestamp_granularities[]": "word"}, AUDIO, "timestamp_granularities[]", 400),
+        ({"include[]": "logprobs"}, AUDIO, "include[]", 400),
+        ({"chunking_strategy": "server_vad"}, AUDIO, "chunking_strategy", 400),
+        ({"voice": "x"}, AUDIO, "voice", 400),
+        ({}, b"ID3 not a wav", "file", 400),
+        ({}, None, "file", 400),
+        ({"model": "other"}, AUDIO, "model", 404),
+    ],
+)
+def test_bad_requests_name_the_field(client, fields, file, param, status):
+    files = {} if file is None else {"file": ("a.wav", file, "audio/wav")}
+    url = str(client.base_url) + "audio/transcriptions"
+    reply = httpx.post(url, data={"model": NAME} | fields, files=files or None, timeout=60)
+    assert reply.status_code == status, reply.text
+    assert reply.json()["error"]["param"] == param, reply.text
+
+
+def test_translation_fields_and_bodies_that_are_not_forms(client):
+    url = str(client.base_url) + "audio/translations"
+    files = {"file": ("a.wav", AUDIO, "audio/wav")}
+    reply = httpx.post(url, data={"model": NAME, "language": "fr"}, files=files, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "language"
+    reply = httpx.post(url, json={"model": NAME}, timeout=60)
+    assert reply.status_code == 400 and "multipart/form-data" in reply.json()["error"]["message"]
+    health = httpx.get(str(client.base_url).removesuffix("v1/") + "health", timeout=60)
+    assert health.status_code == 200  # none of it took the server down
+
+
+def test_a_model_that_hears_no_audio_is_named():
+    lm_dir = str(ensure_checkpoint("qwen2", "tiny", 0))
+    engine = AsyncOmni(model=lm_dir, runtime={"backend": "local"}, **on_cpu("llm"))
+    try:
+        with TestClient(build_app(engine, ServerArgs("lm"))) as http:
+            files = {"file": ("a.wav", AUDIO, "audio/wav")}
+            reply = http.post("/v1/audio/transcriptions", data={"model": "lm"}, files=files)
+    finally:
+        engine.shutdown()
+    assert reply.status_code == 400, reply.text
+    error = json.loads(reply.text)["error"]
+    assert error["param"] == "model" and "does not take audio input" in error["message"]
