@@ -268,10 +268,10 @@ BAD = [
         "tools[0].function",
     ),
     (
-        "tools: the default tool_choice (auto) with tools",
-        "lm",
+        "tools: calls (tool_choice auto, the default with tools) with audio out",
+        "omni",
         "chat",
-        {**GOOD, "model": LM_NAME, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        {**GOOD, **AUDIO, "tools": [{"type": "function", "function": {"name": "f"}}]},
         400,
         "tool_choice",
     ),
