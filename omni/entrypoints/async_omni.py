@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import threading
@@ -68,20 +69,14 @@ class AsyncOmni:
         final_stage: str | None = None,
         stream_audio: bool = False,
     ) -> AsyncIterator[OmniOutput]:
-        """Snapshots of one request as it advances (after every engine step that advanced it);
-        the last has `finished=True`. `final_stage` ends the request at that stage (e.g.
-        `async_omni.text_stage`: text without speech). Bad input raises ValueError before any
-        work starts.
-
-        stream_audio: the caller receives audio as it is produced. True: the streaming path:
+        """Snapshots of one request after every engine step that advanced it; the last has
+        `finished=True`. `final_stage` ends the request at that stage (e.g. `text_stage`: text
+        without speech). Bad input raises ValueError first. stream_audio: the caller receives audio as it is produced. True: the streaming path:
         stages with `stream.enabled` start before their upstream has finished and the vocoder
         decodes in chunks, so the audio stage's `audio` grows snapshot by snapshot
         (docs/streaming.md). False (the default): the whole-sequence path, whose waveform
-        equals transformers' `generate`. It is the one name of this choice in every API
-        (`Omni.generate`, `Omni.stream`, `omni run --stream-audio`, the driver and router), with
-        the one default False: the default result is transformers' exactly, and the chunked
-        vocoder (within 1e-2 of it, docs/streaming.md) and its lower throughput are what a
-        caller who plays audio as it comes opts into."""
+        equals transformers' `generate`; the chunked vocoder (within 1e-2 of it) is what a caller
+        who plays audio as it comes opts into, under this one name and default in every API."""
         request = self.prepare(prompt, request_id)
         params = self.stage_params(sampling_params)
         run = self.run(request, params, final_stage=final_stage, stream_audio=stream_audio)
@@ -145,12 +140,15 @@ class AsyncOmni:
             return list(self.prompt_processor.tokenizer.encode(text, add_special_tokens=False))
 
     def stage_params(self, params: StageParams) -> dict[str, SamplingParams]:
-        """Per-stage SamplingParams: the stages' defaults, one for all, or one per stage."""
+        """Per-stage SamplingParams: the stages' defaults, one for all, or one per stage. A
+        json_schema constrains text: one for all leaves it out of the stages that make none
+        (codes, audio); one per stage with it on such a stage is a ValueError."""
         stages = self.config.stages
         if params is None:
             return {s.name: s.sampling for s in stages}
         if isinstance(params, SamplingParams):
-            return {s.name: params for s in stages}
+            plain = dataclasses.replace(params, json_schema=None)
+            return {s.name: params if _is_text(self.config, s.name) else plain for s in stages}
         names = [s.name for s in stages]
         expected = f"sampling_params must be one SamplingParams or a list of {len(stages)} "
         expected += f"(one per stage: {names})"
@@ -159,9 +157,13 @@ class AsyncOmni:
             raise ValueError(f"{expected}, got {_show(params)}")
         if len(params) != len(stages):
             raise ValueError(f"{expected}, got a {type(params).__name__} of {len(params)}")
-        for index, p in enumerate(params):
+        for index, (p, stage) in enumerate(zip(params, stages, strict=True)):
             if not isinstance(p, SamplingParams):
                 raise ValueError(f"{expected}, got {_show(p)} at index {index}")
+            if p.json_schema is not None and not _is_text(self.config, stage.name):
+                raise ValueError(
+                    f"sampling_params[{index}].json_schema: stage {stage.name!r} makes no text"
+                )
         return {s.name: p for s, p in zip(stages, params, strict=True)}
 
     # ---- the pipeline -------------------------------------------------------------------------

@@ -238,6 +238,14 @@ BAD = [
         "stage_sampling.talker.top_q",
     ),
     (
+        "json_schema on a stage that makes codes",
+        "omni",
+        "chat",
+        {**GOOD, "stage_sampling": {"talker": {"json_schema": '{"type": "object"}'}}},
+        400,
+        "stage_sampling.talker.json_schema",
+    ),
+    (
         "multi-token stop with audio",
         "omni",
         "chat",

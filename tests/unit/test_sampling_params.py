@@ -153,12 +153,17 @@ def test_tiny_temperatures_are_greedy():
 
 
 # ---- the sampling_params argument of generate ----------------------------------------------------
+ADAPTERS = {"thinker": "qwen2_5_omni_thinker", "talker": "qwen2_5_omni_talker",
+            "code2wav": "qwen2_5_omni_token2wav"}  # fmt: skip
+
+
 def _engine(*names: str) -> SimpleNamespace:
     stages = [
-        SimpleNamespace(name=n, sampling=SamplingParams(max_tokens=i + 1))
+        SimpleNamespace(name=n, sampling=SamplingParams(max_tokens=i + 1), adapter=ADAPTERS[n])
         for i, n in enumerate(names)
     ]
-    return SimpleNamespace(config=SimpleNamespace(stages=stages))
+    by_name = {s.name: s for s in stages}
+    return SimpleNamespace(config=SimpleNamespace(stages=stages, stage=by_name.__getitem__))
 
 
 PER_STAGE = (
@@ -199,3 +204,15 @@ def test_sampling_params_argument_forms():
     per_stage = (SamplingParams(max_tokens=4), one, SamplingParams())
     got = AsyncOmni.stage_params(engine, per_stage)
     assert list(got.values()) == list(per_stage) and list(got) == list(defaults)
+
+
+def test_a_json_schema_constrains_the_text_stages_only():
+    engine = _engine("thinker", "talker", "code2wav")
+    one = SamplingParams(max_tokens=9, json_schema={"type": "object"})
+    got = AsyncOmni.stage_params(engine, one)
+    assert got["thinker"] == one  # one for all: the stages that make codes or audio go without
+    assert got["talker"] == got["code2wav"] == dataclasses.replace(one, json_schema=None)
+    with pytest.raises(
+        ValueError, match=r"sampling_params\[1\].json_schema: stage 'talker' makes no text"
+    ):
+        AsyncOmni.stage_params(engine, [SamplingParams(), one, SamplingParams()])

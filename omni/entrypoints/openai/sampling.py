@@ -32,6 +32,7 @@ from omni.core.json_schema import compile_schema
 from omni.core.sampling_params import SamplingParams
 from omni.entrypoints.openai.errors import bad_request
 from omni.messages import PromptInput
+from omni.registry import produces_text
 
 FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
@@ -74,6 +75,15 @@ def plan(
             raise bad_request(
                 f"stage_sampling: no stage {name!r}; stages: {list(params)}",
                 f"stage_sampling.{name}",
+            )
+        if (
+            isinstance(fields, dict)
+            and "json_schema" in fields
+            and not produces_text(async_omni.config.stage(name).adapter)
+        ):
+            raise bad_request(
+                f"stage_sampling.{name}.json_schema: stage {name!r} makes no text",
+                f"stage_sampling.{name}.json_schema",
             )
         params[name] = _replace(params[name], fields, f"stage_sampling.{name}")
 
