@@ -3,7 +3,9 @@ media policy: data: URLs always; local files only under `allowed_local_media_pat
 --allowed-local-media-path; Omni.chat allows any); http(s) URLs only with `allow_remote_media`
 (fetched with a timeout and a size limit). Every failure is a MediaError that names the part
 (`param`) and what was wrong with it (the server answers it with a 400). Bytes are checked here
-(the image opens, the WAV parses) so that an unreadable item is reported against its field."""
+(the image opens, the WAV parses) so that an unreadable item is reported against its field.
+Audio reaches the prompt processors as WAV: MP3, FLAC and Ogg are decoded into 16-bit mono WAV
+here (`as_wav`, with soundfile's libsndfile)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import urllib.request
 import wave
 from dataclasses import dataclass
 
-AUDIO_FORMATS = ("wav",)
+AUDIO_FORMATS = ("wav", "mp3")  # chat's input_audio formats, as OpenAI's
 
 
 @dataclass(frozen=True)
@@ -74,15 +76,44 @@ def load_image(url: str, param: str, policy: MediaPolicy) -> bytes:
 
 
 def load_audio(data: str, fmt: str, param: str) -> bytes:
-    """input_audio {data: base64, format} -> WAV bytes (checked to parse as WAV)."""
+    """input_audio {data: base64, format} -> WAV bytes (a WAV checked to parse, an MP3 decoded)."""
     if fmt not in AUDIO_FORMATS:
         raise bad_request(
             f"{param}.format {fmt!r} is not supported; supported: {list(AUDIO_FORMATS)}",
             f"{param}.format",
         )
     raw = decode_base64(data, f"{param}.data")
-    check_wav(raw, f"{param}.data")
-    return raw
+    if fmt == "wav":
+        check_wav(raw, f"{param}.data")
+        return raw
+    return as_wav(raw, f"{param}.data")
+
+
+def as_wav(raw: bytes, param: str) -> bytes:
+    """An audio file as WAV bytes: a WAV as it is (checked), else MP3, FLAC or Ogg (Vorbis,
+    Opus) decoded into a 16-bit mono WAV at its own rate; a MediaError naming `param` for any
+    other bytes."""
+    if raw[:4] == b"RIFF":
+        check_wav(raw, param)
+        return raw
+    try:
+        import soundfile
+
+        samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+    except Exception as e:  # noqa: BLE001 - libsndfile's errors vary by format
+        raise bad_request(
+            f"{param}: not a readable audio file (WAV, MP3, FLAC or Ogg): {e}", param
+        ) from None
+    if samples.shape[0] == 0:
+        raise bad_request(f"{param}: the audio has no samples", param)
+    mono = (samples.mean(axis=1).clip(-1.0, 1.0) * 32767).round().astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(int(rate))
+        w.writeframes(mono.tobytes())
+    return buffer.getvalue()
 
 
 def check_wav(raw: bytes, param: str) -> None:

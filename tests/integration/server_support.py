@@ -50,6 +50,16 @@ def wav(seconds: float = 1.0) -> bytes:
     return buffer.getvalue()
 
 
+def mp3(seconds: float = 1.0) -> bytes:
+    """The sound of `wav(seconds)` as an MP3 file."""
+    import soundfile
+
+    t = np.arange(int(16000 * seconds))
+    buffer = io.BytesIO()
+    soundfile.write(buffer, (np.sin(t / 9.0) * 0.4).astype(np.float32), 16000, format="MP3")
+    return buffer.getvalue()
+
+
 def data_url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 

@@ -1,5 +1,6 @@
-"""POST /v1/audio/transcriptions and /v1/audio/translations: the text of a WAV file's speech, from
-a pipeline whose root stage hears audio (Qwen2.5-Omni's and Qwen3-Omni's thinkers).
+"""POST /v1/audio/transcriptions and /v1/audio/translations: the text of an audio file's speech
+(WAV, MP3, FLAC or Ogg), from a pipeline whose root stage hears audio (Qwen2.5-Omni's and
+Qwen3-Omni's thinkers).
 
 An omni model is not a speech recognizer with timestamps: the audio goes in a chat turn with an
 instruction (`instruction`: transcribe word for word, in `language` when given, with `prompt` as
@@ -7,7 +8,7 @@ context; or translate into English), and the reply of the text stage is the tran
 request ends there (the talker and vocoder never run). The body is multipart/form-data as
 OpenAI's client sends it (omni/entrypoints/openai/form_data.py).
 
-Fields: `file` (WAV), `model`, `prompt`, `response_format` (json: `{"text", "usage"}`; text),
+Fields: `file`, `model`, `prompt`, `response_format` (json: `{"text", "usage"}`; text),
 `temperature` (default 0, greedy); transcriptions also `language` (ISO-639-1) and `stream`
 (server-sent `transcript.text.delta` events as the text comes, then `transcript.text.done` with
 the whole text and the usage), `chunking_strategy` "auto". Refused with a 400 naming the field:
@@ -83,7 +84,7 @@ async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> 
     if "file" not in field or field["file"].filename is None:
         raise bad_request("file: the audio file is required", "file", "missing_required_parameter")
     try:
-        media_parts.check_wav(field["file"].data, "file")
+        audio_file = media_parts.as_wav(field["file"].data, "file")
     except media_parts.MediaError as e:
         raise bad_request(e.message, e.param) from None
     response_format = _value(field, "response_format") or "json"
@@ -105,7 +106,7 @@ async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> 
     if language is not None and not _LANGUAGE.fullmatch(language):
         raise bad_request(f"language: an ISO-639-1 code (e.g. 'en'), got {language!r}", "language")
     stream = _flag(field, "stream")
-    audio = base64.b64encode(field["file"].data).decode()
+    audio = base64.b64encode(audio_file).decode()
     ask = instruction(endpoint == TRANSLATE, language, _value(field, "prompt"))
     messages = [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
