@@ -7,6 +7,8 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from omni.core.json_constraint import JsonCursor
 from omni.core.logprobs import TokenLogprobs
 from omni.core.sampling_params import SamplingParams
@@ -68,6 +70,8 @@ class Request:
         self.eos_token_id = eos_token_id
         # SamplingParams.json_schema: its place in the JSON, advanced by every output token.
         self.constraint: JsonCursor | None = None
+        # SamplingParams.min_tokens: np.packbits of the tokens that are not stop tokens.
+        self.stop_mask: np.ndarray | None = None
         self.output_token_ids: list[int] = []
         # Multi-code steps: the residual codes sampled with each output token (same length as
         # output_token_ids once any step returned codes; RunnerOutput.sampled_codes).
@@ -162,6 +166,15 @@ class Request:
         if self.input_limit is not None:
             end = min(end, self.input_limit)
         return end - (self.num_computed_tokens if start is None else start)
+
+    def allowed_tokens(self) -> np.ndarray | None:
+        """The tokens its next sample may take, packed (None: any): its JSON's, and no stop token
+        before min_tokens (unless its JSON value is whole: then only a stop may follow)."""
+        mask = None if self.constraint is None else self.constraint.packed()
+        if self.stop_mask is not None and self.num_output_tokens < self.sampling_params.min_tokens:
+            both = self.stop_mask if mask is None else mask & self.stop_mask
+            mask = both if mask is None or both.any() else mask
+        return mask
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         if isinstance(token_ids, int):  # one sampled token: every decode step, every request

@@ -62,6 +62,15 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     """The same for each prompt token after the first (given the tokens before it): 0 to 20
     alternatives, None for none. Such a request is prefilled whole (no prefix-cache hits)."""
+    repetition_penalty: float = 1.0
+    """> 0, as transformers' and vLLM's: the logit of every token in the prompt or generated so
+    far is divided by it where positive and multiplied by it where negative; 1 leaves them."""
+    min_p: float = 0.0
+    """In [0, 1], as vLLM's: a sampled token's probability must be at least min_p times the most
+    likely one's (after temperature, top-k and top-p); 0 disables. Greedy rows ignore it."""
+    min_tokens: int = 0
+    """As vLLM's: the stop tokens (EOS, stop_token_ids) cannot be chosen before this many tokens
+    were generated (stop strings still apply); at most max_tokens."""
     json_schema: str | None = None
     """Constrain the tokens to JSON that follows this JSON schema (its text, or a dict; the
     subset in omni/core/json_schema.py: '{"type": "object"}' is any object): only tokens that
@@ -96,11 +105,24 @@ class SamplingParams:
             set_(
                 self, name, _number(name, getattr(self, name), lambda v: -2 <= v <= 2, "in [-2, 2]")
             )
+        penalty = _number("repetition_penalty", self.repetition_penalty, lambda v: v > 0, "> 0")
+        set_(self, "repetition_penalty", penalty)
+        set_(self, "min_p", _number("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1]"))
+        set_(self, "min_tokens", _integer("min_tokens", self.min_tokens, 0))
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"SamplingParams.min_tokens must be at most max_tokens ({self.max_tokens}), "
+                f"got {self.min_tokens}"
+            )
 
     @property
     def penalized(self) -> bool:
-        """Whether the tokens generated so far change the logits (presence or frequency)."""
-        return self.presence_penalty != 0 or self.frequency_penalty != 0
+        """Whether the tokens seen so far change the logits (presence, frequency, repetition)."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
 
     @property
     def adjusts_logits(self) -> bool:

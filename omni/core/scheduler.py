@@ -131,8 +131,8 @@ class Scheduler:
                 if start < request.num_prompt_tokens
                 else (),
             )
-            if request.constraint is not None and entry.sample:
-                entry.allowed_tokens = request.constraint.packed()
+            if entry.sample:
+                entry.allowed_tokens = request.allowed_tokens()
             scheduled.append(entry)
             if hit_filter is not None and (start + num_new) // block_size > start // block_size:
                 self._note_pending(request, num_new, pending_rows)  # it fills a block
@@ -191,7 +191,7 @@ class Scheduler:
     ) -> ScheduledRequest:
         start = request.num_computed_tokens
         sample = start + num_new == request.num_tokens
-        constraint = request.constraint if sample else None
+        repeats = is_new and request.sampling_params.repetition_penalty != 1
         return ScheduledRequest(
             request_id=request.request_id,
             token_ids=request.all_token_ids[start : start + num_new],
@@ -204,7 +204,8 @@ class Scheduler:
             num_output_tokens=request.num_output_tokens,
             fed_codes=self._fed_codes(request, start, num_new),
             prompt_targets=prompt_targets(request, start, num_new),
-            allowed_tokens=None if constraint is None else constraint.packed(),
+            allowed_tokens=request.allowed_tokens() if sample else None,
+            penalty_prompt=request.prompt_token_ids if repeats else (),
         )
 
     @staticmethod

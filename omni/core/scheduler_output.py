@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +44,10 @@ class ScheduledRequest:
     """SamplingParams.prompt_logprobs: the prompt token that follows each of the first
     len(prompt_targets) fed tokens (their logprobs are returned); () otherwise."""
     allowed_tokens: Any = None
-    """SamplingParams.json_schema, when the step samples: the tokens the sample may take, as
-    np.packbits of bool[vocab] (omni/core/json_constraint.py); None otherwise."""
+    """SamplingParams.json_schema or min_tokens, when the step samples: the tokens the sample
+    may take, as np.packbits of bool[vocab] (Request.allowed_tokens); None otherwise."""
+    penalty_prompt: Sequence[int] = ()
+    """Set when is_new with SamplingParams.repetition_penalty: the prompt it penalizes."""
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,15 @@
 """A stage's new request: `new_request` builds it (max_tokens None made concrete, its JSON cursor
-when it asks for JSON), `check_request` is what a stage refuses before it is queued, each with a
+when it asks for JSON, its mask of the tokens that do not stop it when it sets min_tokens), `check_request` is what a stage refuses before it is queued, each with a
 ValueError that names the request and the limit (the engine leaves itself and the other
 requests untouched)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Container
+
+import numpy as np
 
 from omni.core.request import Request
 from omni.core.sampling_params import SamplingParams
@@ -34,7 +37,21 @@ def new_request(
         request.constraint = json_outputs.cursor(params)
     except ValueError as e:
         raise ValueError(f"request {request.request_id!r}: {e}") from None
+    if params.min_tokens > 0:
+        eos = () if eos_token_id is None or params.ignore_eos else (eos_token_id,)
+        stops = tuple(sorted({*params.stop_token_ids, *eos}))
+        request.stop_mask = _not_stopping(json_outputs.vocab_size, stops)
     return request
+
+
+@functools.lru_cache(maxsize=64)
+def _not_stopping(vocab_size: int, stop_token_ids: tuple[int, ...]) -> np.ndarray:
+    """np.packbits of the tokens that are not stop tokens (read only: shared by requests)."""
+    allowed = np.ones(vocab_size, dtype=bool)
+    allowed[[t for t in stop_token_ids if t < vocab_size]] = False
+    packed = np.packbits(allowed)
+    packed.flags.writeable = False
+    return packed
 
 
 def check_request(

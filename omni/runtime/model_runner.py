@@ -198,6 +198,9 @@ class ModelRunner:
             return LaunchedStep([])
         scheduled = scheduler_output.scheduled
         tracked = self.requests.track(scheduled)
+        for entry in scheduled if self.requests.num_adjusted else ():
+            if entry.penalty_prompt:  # admitted with a repetition penalty
+                self.sampler.penalties.note_prompt(entry.request_id, entry.penalty_prompt)
         # Prompt logprobs need every fed row's hidden state: such a step runs eagerly.
         prompt = self.requests.num_prompt_logprobs > 0 and any(e.prompt_targets for e in scheduled)
         padded = None if prompt else self._run_padded(scheduled, tracked, fed)
@@ -246,7 +249,7 @@ class ModelRunner:
         counts = [] if all_greedy else [e.num_output_tokens for e in sampled]
         sample_ids = [e.request_id for e in sampled]
         adjusted = sample_ids if self.requests.num_adjusted else None  # penalties: whose counts
-        masks = [e.allowed_tokens for e in sampled] if self.requests.num_json else None
+        masks = [e.allowed_tokens for e in sampled] if self.requests.num_masked else None
         logprobs = bool(self.requests.num_logprobs)  # read the model's own logits: mask a copy
         chosen = masked(logits, masks, copy=logprobs) if masks else logits
         ids = self.sampler.sample(chosen, params, counts, all_greedy=all_greedy, adjusted=adjusted)

@@ -1,4 +1,4 @@
-"""Greedy, temperature, top-k and top-p sampling over a batch of logits rows.
+"""Greedy, temperature, top-k, top-p and min-p sampling over a batch of logits rows.
 
 A seeded request draws its n-th token from a generator seeded by (seed, n) alone, so its tokens
 do not depend on which other requests share the batch, nor on preemption and recomputation.
@@ -25,7 +25,9 @@ computes never depends on the other rows (a seeded row's draw stays independent 
   one sort for both filters.
 - plain: temperature only: the whole vocabulary as it is.
 A top-k keeps exactly its first k candidates (a tie at the k-th logit is cut by position). A
-seeded row draws noise for its own candidates (its top_k, else the group's width).
+seeded row draws noise for its own candidates (its top_k, else the group's width). min_p comes
+last (as in transformers' warpers): a candidate less likely than min_p times the most likely one
+is cut, in any group.
 """
 
 from __future__ import annotations
@@ -128,12 +130,16 @@ class Sampler:
         for name, group in groups.items():
             if group:
                 end = start + len(group)
-                rows, temperature, top_k, top_p = (v[start:end] for v in vectors)
+                rows, temperature, top_k, top_p, min_p = (v[start:end] for v in vectors)
                 chosen = [params[i] for i in group]
                 # A filter no row of the group sets is a no-op: its passes are skipped.
                 top_k = top_k if any(p.top_k > 0 for p in chosen) else None
                 top_p = top_p if any(p.top_p < 1 for p in chosen) else None
                 values, candidates = _CANDIDATES[name](logits, rows, temperature, top_k, top_p)
+                if any(p.min_p > 0 for p in chosen):
+                    # p / p_max < min_p, in the log domain: values - max < log(min_p)
+                    floor = values.max(dim=-1, keepdim=True).values + min_p.log().unsqueeze(1)
+                    values = values.masked_fill(values < floor, float("-inf"))
                 picked = self._race(values, chosen, group, num_output_tokens)
                 if candidates is not None:
                     picked = candidates.gather(1, picked.unsqueeze(1)).squeeze(1)
@@ -169,14 +175,15 @@ class Sampler:
     def _vectors(
         order: list[int], chosen: list[SamplingParams], logits: torch.Tensor
     ) -> list[torch.Tensor]:
-        """The sampled rows' indices, temperatures, top-k (the vocabulary where unset) and top-p
-        on the logits' device, in one upload."""
+        """The sampled rows' indices, temperatures, top-k (the vocabulary where unset), top-p
+        and min-p on the logits' device, in one upload."""
         vocab = logits.shape[-1]
         host: list[np.ndarray] = [
             np.asarray(order, dtype=np.int64),
             np.asarray([p.temperature for p in chosen], dtype=np.float32),
             np.asarray([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in chosen], np.int64),
             np.asarray([p.top_p for p in chosen], dtype=np.float32),
+            np.asarray([p.min_p for p in chosen], dtype=np.float32),
         ]
         return upload(host, logits.device)
 

@@ -1,7 +1,7 @@
 """TrackedRequests: what the model runner keeps per running request, its block-table row (in
 BlockTables) and its SamplingParams, with counts of what those ask for, so that a step skips the
 per-row work no request needs (random sampling, penalties or a bias, logprobs, prompt logprobs,
-JSON masks).
+token masks).
 Host only, torch-free.
 """
 
@@ -35,9 +35,10 @@ class TrackedRequests:
         self.block_tables = block_tables
         self.states: dict[str, RequestState] = {}
         # Tracked requests that are not greedy (0: skip the per-row check), with penalties or a
-        # logit bias, asking for logprobs, asking for prompt logprobs, constrained to JSON.
+        # logit bias, asking for logprobs, asking for prompt logprobs, with token masks (JSON,
+        # min_tokens).
         self.num_random = self.num_adjusted = self.num_logprobs = self.num_prompt_logprobs = 0
-        self.num_json = 0
+        self.num_masked = 0
 
     def track(self, scheduled: list[ScheduledRequest]) -> Tracked:
         """Each request's new blocks into its table: a host array row, written once per block."""
@@ -71,4 +72,4 @@ class TrackedRequests:
         self.num_adjusted += sign * params.adjusts_logits
         self.num_logprobs += sign * (params.logprobs is not None)
         self.num_prompt_logprobs += sign * (params.prompt_logprobs is not None)
-        self.num_json += sign * (params.json_schema is not None)
+        self.num_masked += sign * (params.json_schema is not None or params.min_tokens > 0)

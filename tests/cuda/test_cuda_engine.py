@@ -226,20 +226,21 @@ def test_sampler_groups_on_cuda_keep_a_seeded_row_batch_independent():
 
 
 def test_penalties_on_cuda_count_what_the_cpu_counts():
-    """OpenAI's penalties on the GPU (counts added to from device ids, no sync): the same
-    penalized logits as on the CPU over a few steps, bf16 logits included."""
+    """OpenAI's penalties and the repetition penalty on the GPU (counts added to from device
+    ids, no sync): the same penalized logits as on the CPU over a few steps, bf16 included."""
     from omni.runtime.output_penalties import OutputPenalties
 
     params = [
         SamplingParams(presence_penalty=1.0, frequency_penalty=0.5),
         SamplingParams(),
-        SamplingParams(frequency_penalty=-2.0),
+        SamplingParams(frequency_penalty=-2.0, repetition_penalty=1.3),
     ]
     ids = ["a", "b", "c"]
     logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(1)).bfloat16()
     got = {}
     for device in ("cpu", CUDA):
         penalties = OutputPenalties()
+        penalties.note_prompt("c", [9, 4, 999])  # repetition: the prompt's tokens too
         for tokens in ([4, 1, 7], [4, 2, 7], [5, 3, 7]):
             penalties.apply(logits.to(device), ids, params)
             penalties.record(ids, params, torch.tensor(tokens, device=device))

@@ -142,6 +142,32 @@ def test_sampling_follows_the_distribution():
     assert torch.allclose(freq, probs, atol=0.03)
 
 
+@pytest.mark.parametrize("extra", [{}, {"top_k": 6}, {"top_k": TOP_K_CAP + 1}, {"top_p": 0.99}])
+def test_min_p_keeps_what_transformers_min_p_warper_keeps(extra):
+    """In every group (plain, topk, sorted): the draws' support is the tokens transformers'
+    temperature and min-p warpers keep, and their frequencies follow the kept mass."""
+    from transformers import MinPLogitsWarper, TemperatureLogitsWarper
+
+    vocab = TOP_K_CAP + 8
+    probs = torch.full((vocab,), 1e-9)
+    probs[:6] = torch.tensor([0.34, 0.3, 0.2, 0.06, 0.05, 0.05])
+    x = probs.log().repeat(4000, 1)
+    params = SamplingParams(temperature=0.8, min_p=0.25, **extra)
+    warped = MinPLogitsWarper(0.25)(None, TemperatureLogitsWarper(0.8)(None, x[:1].clone()))
+    kept = warped[0].isfinite()
+    assert kept.sum() == 3  # 0.06 ** 1.25 / 0.34 ** 1.25 < 0.25: tokens 3..5 go
+    draws = torch.tensor(Sampler(seed=4)(x, [params] * 4000, [0] * 4000))
+    assert set(draws.tolist()) == set(kept.nonzero()[:, 0].tolist())
+    expected = warped[0].softmax(-1)[:3]
+    assert torch.allclose(
+        torch.bincount(draws, minlength=3).float()[:3] / 4000, expected, atol=0.03
+    )
+    seeded = SamplingParams(temperature=0.8, min_p=0.25, seed=3, **extra)
+    assert set(Sampler()(x[:200], [seeded] * 200, list(range(200)))) <= {0, 1, 2}
+    greedy = Sampler()(x[:2], [SamplingParams(min_p=0.9)] * 2, [0, 0])
+    assert greedy == [0, 0]  # the most likely token is never cut
+
+
 def test_the_ids_copy_is_the_only_host_sync():
     """Greedy, unseeded and seeded rows with top-k and top-p in one batch: the per-row vectors
     go over in one upload from host arrays, so the chosen ids' .tolist() is the only call that

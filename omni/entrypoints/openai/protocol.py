@@ -1,7 +1,8 @@
 """Request bodies, as pydantic models that reject what OpenAI rejects: unknown fields
 (`extra="forbid"`), wrong JSON types (strict: "5" is not an integer) and out-of-range values.
-omni's extensions (`top_k`, `cache_salt`, `stage_sampling`) are ordinary top-level fields, which is where
-the openai client's `extra_body` puts them. Checks that need the engine (the model name, voices,
+omni's extensions (vLLM's `top_k`, `min_p`, `min_tokens`, `repetition_penalty`; `cache_salt`,
+`stage_sampling`) are ordinary top-level fields, which is where the openai client's `extra_body`
+puts them. Checks that need the engine (the model name, voices,
 formats, n) are done by the endpoints, so that their messages can list the valid values."""
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ class _Sampling(_Strict):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # omni extensions (openai client: extra_body={...}); top_k as vLLM takes it (-1 or 0: off)
+    # omni extensions (openai client: extra_body={...}); top_k as vLLM takes it (-1 or 0: off),
+    # and vLLM's min_p, min_tokens, repetition_penalty
     top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    min_tokens: int | None = Field(default=None, ge=0)
+    repetition_penalty: float | None = Field(default=None, gt=0)
     cache_salt: str | None = Field(default=None, min_length=1)
     stage_sampling: dict[str, dict[str, Any]] | None = None
 

@@ -1,0 +1,146 @@
+"""vLLM's sampling extras: repetition_penalty and min_tokens against transformers' own logits
+processors in `generate` (RepetitionPenaltyLogitsProcessor over the prompt and the generated
+tokens; MinNewTokensLengthLogitsProcessor), greedy, beside plain requests in one engine: eagerly,
+padded, launched ahead, under preemption and from the prefix cache (a second round). min_p against
+transformers' MinPLogitsWarper is in tests/unit/test_sampler.py."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import make_engine, shared_prefix_prompts, transformers_greedy
+from transformers import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor
+
+from omni.core.sampling_params import SamplingParams
+from omni.messages import StageInput
+
+MAX_NEW, MIN_TOKENS, PENALTY = 20, 12, 1.8
+CONFIGS = {
+    "eager": {"block_size": 4},
+    "padded": {"block_size": 4, "cuda_graphs": True, "max_num_seqs": 8},
+    "ahead": {"block_size": 4, "cuda_graphs": True, "max_num_seqs": 8, "async_scheduling": True},
+    "tiny-pool": {"block_size": 4, "num_blocks": 40, "max_model_len": 160},
+}
+
+
+@pytest.fixture(scope="module")
+def case(qwen2_dir):
+    from transformers import AutoConfig
+
+    prompts = shared_prefix_prompts(AutoConfig.from_pretrained(qwen2_dir).vocab_size, 4)
+    plain = transformers_greedy(qwen2_dir, prompts, MAX_NEW)
+    stop = plain[0][2]  # prompt 0's third token: without min_tokens it stops there
+    repeated = transformers_greedy(
+        qwen2_dir, prompts, MAX_NEW, lambda prompt: RepetitionPenaltyLogitsProcessor(PENALTY)
+    )
+    held = transformers_greedy(
+        qwen2_dir, prompts, MAX_NEW,
+        lambda prompt: MinNewTokensLengthLogitsProcessor(len(prompt), MIN_TOKENS, [stop]),
+    )  # fmt: skip
+    # transformers runs on (its eos unset); the engine stops at the first stop from MIN_TOKENS on
+    held = [_until_stop(tokens, stop) for tokens in held]
+    assert repeated != plain and held[0] != _until_stop(plain[0], stop)  # both change tokens
+    assert len(held[0]) > MIN_TOKENS > 3  # prompt 0 would have stopped at 3
+    return prompts, stop, {"repeated": repeated, "held": held, "plain": plain}
+
+
+def _until_stop(tokens: list[int], stop: int) -> list[int]:
+    return tokens[: tokens.index(stop) + 1] if stop in tokens else tokens
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_tokens_equal_transformers_processors(qwen2_dir, case, name):
+    prompts, stop, expected = case
+    engine = make_engine(qwen2_dir, **CONFIGS[name])
+    kinds = {
+        "repeated": SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, repetition_penalty=PENALTY),
+        "held": SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, stop_token_ids=[stop],
+                               min_tokens=MIN_TOKENS),
+        "plain": SamplingParams(max_tokens=MAX_NEW, ignore_eos=True),
+    }  # fmt: skip
+    for round_ in range(2):  # the second round's prompts are in the prefix cache
+        for i, prompt in enumerate(prompts):
+            for kind, params in kinds.items():
+                engine.add_request(StageInput(f"{round_}-{kind}{i}", prompt, params))
+        results = {r.request_id: r.token_ids for r in engine.run_until_done()}
+        for kind in kinds:
+            got = [results[f"{round_}-{kind}{i}"] for i in range(len(prompts))]
+            assert got == expected[kind], (round_, kind)
+    stats = engine.stats()
+    assert stats["kv_hit_tokens"] > 0
+    if name == "tiny-pool":
+        assert stats["preemptions"] > 0
+    if name == "ahead":
+        assert stats["steps_launched_ahead"] > 0
+    assert not engine.runner.sampler.penalties._slots  # every request's rows released
+    assert not engine.runner.sampler.penalties._prompts
+
+
+def test_min_tokens_past_max_tokens_is_refused():
+    with pytest.raises(ValueError, match="min_tokens must be at most max_tokens \\(4\\), got 5"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+    with pytest.raises(ValueError, match="repetition_penalty must be a finite number > 0"):
+        SamplingParams(repetition_penalty=0)
+    with pytest.raises(ValueError, match="min_p must be a finite number in \\[0, 1\\]"):
+        SamplingParams(min_p=1.5)
+
+
+def test_the_fields_over_http(qwen2_dir, case):
+    """vLLM's fields at the top level of a request (the openai client's extra_body) reach the
+    text stage: the penalized completion of prompt 0 is transformers' tokens; bad values are
+    400s naming the field."""
+    import openai
+    from fastapi.testclient import TestClient
+    from helpers import on_cpu
+    from transformers import AutoTokenizer
+
+    from omni import AsyncOmni
+    from omni.entrypoints.openai.app import build_app
+    from omni.entrypoints.openai.args import ServerArgs
+
+    prompts, _, expected = case
+    tokenizer = AutoTokenizer.from_pretrained(qwen2_dir)
+    engine = AsyncOmni(model=qwen2_dir, runtime={"backend": "local"}, **on_cpu("llm"))
+    kwargs = dict(model="lm", prompt=prompts[0], max_tokens=MAX_NEW, temperature=0)
+    ignore_eos = {"stage_sampling": {"llm": {"ignore_eos": True}}}
+    try:
+        with TestClient(build_app(engine, ServerArgs("lm"))) as http:
+            client = openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http)
+            extra = ignore_eos | {"repetition_penalty": PENALTY, "min_p": 0.5, "min_tokens": 2}
+            penalized = client.completions.create(**kwargs, extra_body=extra)
+            errors = {}
+            for field, value in [
+                ("min_p", 1.5),
+                ("min_tokens", MAX_NEW + 1),
+                ("repetition_penalty", 0),
+            ]:
+                with pytest.raises(openai.BadRequestError) as info:
+                    client.completions.create(**kwargs, extra_body={field: value})
+                errors[field] = info.value.body["param"]
+    finally:
+        engine.shutdown()
+    want = tokenizer.decode(expected["repeated"][0], skip_special_tokens=True)
+    assert penalized.choices[0].text == want
+    assert errors == {
+        "min_p": "min_p",
+        "min_tokens": "min_tokens",
+        "repetition_penalty": "repetition_penalty",
+    }
+
+
+def test_repetition_arithmetic_over_prompt_and_output():
+    import torch
+
+    from omni.runtime.output_penalties import OutputPenalties
+
+    penalties = OutputPenalties()
+    logits = torch.tensor([[2.0, -2.0, 2.0, -2.0, 1.0]] * 2)
+    params = [SamplingParams(repetition_penalty=2.0, presence_penalty=0.5), SamplingParams()]
+    penalties.note_prompt("a", [0, 1, 99])  # an id past the vocabulary is ignored
+    penalties.apply(logits, ["a", "b"], params)
+    penalties.record(["a", "b"], params, torch.tensor([2, 3]))
+    penalties.note_prompt("a", [3])  # resumed after preemption: the row it holds stays
+    got = penalties.apply(logits, ["a", "b"], params)
+    # Repetition first (prompt 0, 1 and generated 2), then presence (generated 2 only).
+    assert got[0].tolist() == [1.0, -4.0, 1.0 - 0.5, -2.0, 1.0] and torch.equal(got[1], logits[1])
+    penalties.release(["a", "b"])
+    assert not penalties._slots and not penalties._prompts
