@@ -20,6 +20,7 @@ from server_support import mp3, wav
 from omni import AsyncOmni, Omni
 from omni.entrypoints.openai.app import build_app
 from omni.entrypoints.openai.args import ServerArgs
+from omni.entrypoints.openai.audio_chunks import split_wav
 from omni.entrypoints.openai.transcription import instruction
 from tools.make_tiny_checkpoint import ensure_checkpoint
 from tools.serve_process import ServeProcess
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.slow
 NAME, MAX_TOKENS = "tiny-omni", 6
 AUDIO = wav(0.5)
 MP3 = mp3(0.5)
+LONG = wav(31.0)  # past the 30 s the Whisper front end hears at once: two pieces
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +68,10 @@ def expected(omni_dir):
             vocoder.sampling,
         ]
         results = {}
+        max_seconds = omni.async_omni.prompt_processor.max_audio_seconds
+        pieces = split_wav(LONG, max_seconds)
+        assert len(pieces) == 2
+        asks |= {f"long{i}": (asks["plain"][0], piece, "wav") for i, piece in enumerate(pieces)}
         for key, (ask, data, fmt) in asks.items():
             audio = {"data": base64.b64encode(data).decode(), "format": fmt}
             content = [{"type": "input_audio", "input_audio": audio}, {"type": "text", "text": ask}]
@@ -103,6 +109,20 @@ def test_a_transcript_is_the_thinkers_reply_to_the_audio(client, expected):
     assert translated.text == expected["translate"][0]
     from_mp3 = client.audio.transcriptions.create(model=NAME, file=("a.mp3", MP3))
     assert from_mp3.text == expected["mp3"][0]
+
+
+def test_a_long_file_is_transcribed_in_pieces_joined_in_order(client, expected):
+    (first, prompt0, out0), (second, prompt1, out1) = expected["long0"], expected["long1"]
+    gap = "" if not first or not second or first[-1].isspace() or second[0].isspace() else " "
+    text = first + gap + second
+    whole = client.audio.transcriptions.create(model=NAME, file=("long.wav", LONG))
+    assert whole.text == text
+    assert (whole.usage.input_tokens, whole.usage.output_tokens) == (prompt0 + prompt1, out0 + out1)
+    events = list(
+        client.audio.transcriptions.create(model=NAME, file=("long.wav", LONG), stream=True)
+    )
+    assert "".join(e.delta for e in events if e.type == "transcript.text.delta") == text
+    assert events[-1].type == "transcript.text.done" and events[-1].text == text
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,10 @@ OpenAI's client sends it (omni/entrypoints/openai/form_data.py).
 Fields: `file`, `model`, `prompt`, `response_format` (json: `{"text", "usage"}`; text),
 `temperature` (default 0, greedy); transcriptions also `language` (ISO-639-1) and `stream`
 (server-sent `transcript.text.delta` events as the text comes, then `transcript.text.done` with
-the whole text and the usage), `chunking_strategy` "auto". Refused with a 400 naming the field:
+the whole text and the usage), `chunking_strategy` "auto". A file longer than the model hears at
+once (Qwen2.5-Omni: 30 s) is cut at quiet points into pieces that fit (audio_chunks.py), each
+its own request, all run together; their texts are joined in order (`Transcript`), streamed as
+each piece's turn comes, and the usage is their sum. Refused with a 400 naming the field:
 verbose_json, srt and vtt (they need timestamps), `timestamp_granularities[]`, `include[]`, any
 other field.
 """
@@ -29,6 +32,7 @@ from starlette.requests import Request
 
 from omni.entrypoints import media_parts
 from omni.entrypoints.openai import sampling, streaming
+from omni.entrypoints.openai.audio_chunks import split_wav
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request, from_exception
 from omni.entrypoints.openai.form_data import FormPart, parse_form
@@ -106,12 +110,7 @@ async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> 
     if language is not None and not _LANGUAGE.fullmatch(language):
         raise bad_request(f"language: an ISO-639-1 code (e.g. 'en'), got {language!r}", "language")
     stream = _flag(field, "stream")
-    audio = base64.b64encode(audio_file).decode()
     ask = instruction(endpoint == TRANSLATE, language, _value(field, "prompt"))
-    messages = [{"role": "user", "content": [
-        {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
-        {"type": "text", "text": ask}]}]  # fmt: skip
-    prompt = chat_prompt(processor, messages, ctx.args)
     plan = sampling.plan(
         ctx.async_omni,
         text_stage,
@@ -120,58 +119,97 @@ async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> 
         default_max_tokens=ctx.args.max_tokens,
         text_final=True,
     )
-    prepared = await streaming.prepare(ctx.async_omni, prompt, new_id("transcription"))
+    request_id = new_id("transcription")
+    pieces = split_wav(audio_file, getattr(processor, "max_audio_seconds", None))
+    prepared = []
+    for index, piece in enumerate(pieces):
+        audio = base64.b64encode(piece).decode()
+        messages = [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
+            {"type": "text", "text": ask}]}]  # fmt: skip
+        prompt = chat_prompt(processor, messages, ctx.args)
+        piece_id = request_id if len(pieces) == 1 else f"{request_id}-{index}"
+        prepared.append(await streaming.prepare(ctx.async_omni, prompt, piece_id))
     timer = ctx.metrics.timer(endpoint)
-    outputs = ctx.async_omni.run(
-        prepared, plan.params, final_stage=text_stage, step_snapshots=stream
-    )
+    runs = [
+        ctx.async_omni.run(p, plan.params, final_stage=text_stage, step_snapshots=stream)
+        for p in prepared
+    ]
     if stream:
-        return StreamingResponse(_events(ctx, outputs, timer), media_type="text/event-stream")
+        return StreamingResponse(_events(ctx, runs, timer), media_type="text/event-stream")
     try:
-        out = await streaming.until_disconnected(request, streaming.collect(outputs, timer))
+        outs = await streaming.until_disconnected(request, streaming.collect_all(runs, timer))
     except streaming.ClientGone:
         return Response(status_code=499)
-    text = SnapshotCursor(text_stage).text(out)
+    transcript = Transcript(text_stage, len(outs))
+    for index, out in enumerate(outs):
+        transcript.add(index, out)
     if response_format == "text":
-        return PlainTextResponse(text)
-    return JSONResponse({"text": text, "usage": _usage(ctx, out)})
+        return PlainTextResponse(transcript.text)
+    return JSONResponse({"text": transcript.text, "usage": _usage(ctx, outs)})
 
 
-async def _events(ctx: Context, outputs: Any, timer: Any) -> AsyncIterator[bytes]:
+class Transcript:
+    """The pieces' texts in order, as one: a space between two pieces unless whitespace
+    already separates them. Fed each piece's snapshots as they come, in any order."""
+
+    def __init__(self, text_stage: str, num_pieces: int) -> None:
+        self.cursors = [SnapshotCursor(text_stage) for _ in range(num_pieces)]
+        self.lasts: list[OmniOutput | None] = [None] * num_pieces
+        self.current = 0  # the first piece not yet finished
+        self.text = ""  # let out so far
+
+    def add(self, index: int, out: OmniOutput) -> str:
+        """The text this snapshot lets out: the current piece's new text, and that of the
+        pieces after it once it has finished (a failed piece raises)."""
+        self.lasts[index] = out
+        new = ""
+        while self.current < len(self.lasts):
+            last = self.lasts[self.current]
+            if last is None:
+                break
+            cursor = self.cursors[self.current]
+            piece = cursor.advance(streaming.check(last) if last.finished else last).text
+            first = len(cursor.text_sent) == len(piece)
+            joined = self.text + new
+            if piece and first and joined and not joined[-1].isspace() and not piece[0].isspace():
+                piece = " " + piece
+            new += piece
+            if not last.finished:
+                break
+            self.current += 1
+        self.text += new
+        return new
+
+
+async def _events(ctx: Context, runs: list[Any], timer: Any) -> AsyncIterator[bytes]:
     """`transcript.text.delta` per new piece of text, then `transcript.text.done`; a failure
     after the status was sent is an `error` event."""
-    cursor = SnapshotCursor(ctx.text_stage())
-    last = None
+    transcript = Transcript(ctx.text_stage(), len(runs))
+    ok = False
     try:
-        async with contextlib.aclosing(outputs) as snapshots:
-            async for last in snapshots:
+        async with contextlib.aclosing(streaming.merged(runs)) as snapshots:
+            async for index, out in snapshots:
                 timer.output()
-                if last.finished:  # its tail is sent below, once it is known not to be an error
-                    continue
-                piece = cursor.advance(last).text
-                if piece:
+                new = transcript.add(index, out)
+                if new:
                     timer.first_token()
-                    yield streaming.sse({"type": "transcript.text.delta", "delta": piece})
-        out = streaming.check(last)
-        piece = cursor.advance(out).text
-        if piece:
-            yield streaming.sse({"type": "transcript.text.delta", "delta": piece})
-        whole = {
-            "type": "transcript.text.done",
-            "text": cursor.text(out),
-            "usage": _usage(ctx, out),
-        }
-        yield streaming.sse(whole)
+                    yield streaming.sse({"type": "transcript.text.delta", "delta": new})
+        outs = [streaming.check(last) for last in transcript.lasts]
+        done = {"type": "transcript.text.done", "text": transcript.text, "usage": _usage(ctx, outs)}
+        ok = True
+        yield streaming.sse(done)
     except Exception as e:  # noqa: BLE001 - the status is sent: report in the stream
         yield streaming.sse({"type": "error", **from_exception(e).body()})
     finally:
-        timer.done(ok=last is not None and last.error is None)
+        timer.done(ok=ok)
 
 
-def _usage(ctx: Context, out: OmniOutput) -> dict[str, Any]:
-    counts = streaming.usage(ctx.async_omni, out, ctx.text_stage())
-    return {"type": "tokens", "input_tokens": counts["prompt_tokens"],
-            "output_tokens": counts["completion_tokens"], "total_tokens": counts["total_tokens"]}  # fmt: skip
+def _usage(ctx: Context, outs: list[OmniOutput]) -> dict[str, Any]:
+    each = [streaming.usage(ctx.async_omni, out, ctx.text_stage()) for out in outs]
+    inputs, outputs = (sum(c[key] for c in each) for key in ("prompt_tokens", "completion_tokens"))
+    return {"type": "tokens", "input_tokens": inputs, "output_tokens": outputs,
+            "total_tokens": inputs + outputs}  # fmt: skip
 
 
 def _value(field: dict[str, FormPart], name: str) -> str | None:
