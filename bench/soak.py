@@ -129,7 +129,7 @@ def main() -> int:
     )
     model_dir = str(ensure_checkpoint("qwen2_5_omni", "tiny"))
     t0 = time.perf_counter()
-    serve = server_args(model_dir, args.backend, args.talker_tokens)
+    serve = server_args(model_dir, args.backend, args.talker_tokens, args.max_tokens)
     serve += [arg for override in args.set for arg in ("--set", override)]
     with ServeProcess(serve, threads=args.threads, env=SERVER_ENV) as server:
         assert server.proc is not None

@@ -34,19 +34,17 @@ from tools.soak_requests import KINDS, MODEL, REFERENCE_KIND, Answer, Job, Outco
 MAX_RSS_GROWTH = 0.05
 
 
-def server_args(model_dir: str, backend: str = "local", talker_tokens: int = 16) -> list[str]:
+def server_args(
+    model_dir: str, backend: str = "local", talker_tokens: int = 16, max_tokens: int = 8
+) -> list[str]:
     """`omni serve` arguments for the soak: the model as MODEL, greedy as shipped, the talker
-    capped at talker_tokens codes (the cost of every audio request)."""
+    capped at talker_tokens codes (the cost of every audio request), max_tokens the default of
+    a request that sets none (a transcription)."""
     return [
-        "--model",
-        model_dir,
-        "--served-model-name",
-        MODEL,
-        "--set",
-        f"runtime.backend={backend}",
-        "--set",
-        f"stages.talker.sampling.max_tokens={talker_tokens}",
-    ]
+        "--model", model_dir, "--served-model-name", MODEL, "--max-tokens", str(max_tokens),
+        "--set", f"runtime.backend={backend}",
+        "--set", f"stages.talker.sampling.max_tokens={talker_tokens}",
+    ]  # fmt: skip
 
 
 SERVER_ENV = {"RAY_task_events_max_num_task_in_gcs": "2000"}

@@ -1,8 +1,8 @@
 """The request kinds of the soak (tools/soak.py), each sent with the official `openai` client
 (async) to a running `omni serve`, and what each returns to compare.
 
-Kinds (a job is one kind, one prompt of the fixed set, one variant; the last two are in
-tools/soak_misbehave.py):
+Kinds (a job is one kind, one prompt of the fixed set, one variant; transcription and chat_tools
+are in tools/soak_audio_text.py, the last two in tools/soak_misbehave.py):
   chat_text          chat, text out (variant: streamed or not)
   chat_audio_in      chat with a WAV in `input_audio`, text out
   chat_audio_stream  streamed chat, text + pcm16 audio out (time to first audio)
@@ -12,6 +12,8 @@ tools/soak_misbehave.py):
                      choice must answer as chat_text, its logprobs one per token
   cache_salt         chat_text with a `cache_salt` (one of four): must answer as chat_text
   chat_json          chat_text with a json_schema `response_format`: JSON of it, as its reference
+  transcription      /v1/audio/transcriptions of the prompt's WAV (variant: streamed or not)
+  chat_tools         chat_text with a tool, tool_choice "auto": content and calls as its reference
   disconnect         the client leaves mid-request (four ways, see `soak_misbehave.disconnect`)
   bad                a malformed request: must be answered with its 4xx naming the field
 
@@ -38,27 +40,12 @@ from omni.core.json_schema import compile_schema
 MODEL = "tiny-omni"
 VOICES = ("Ethan", "Chelsie")
 KINDS = {  # kind -> share of the requests
-    "chat_text": 0.09,
-    "chat_choices": 0.06,
-    "chat_json": 0.06,
-    "chat_audio_in": 0.10,
-    "chat_audio_stream": 0.14,
-    "speech": 0.08,
-    "completions": 0.12,
-    "cache_salt": 0.10,
-    "disconnect": 0.10,
-    "bad": 0.15,
-}
-REFERENCE_KIND = {
-    "chat_text": "chat_text",
-    "cache_salt": "chat_text",
-    "chat_choices": "chat_text",
-    "chat_json": "chat_json",
-    "chat_audio_in": "chat_audio_in",
-    "chat_audio_stream": "chat_audio_stream",
-    "speech": "speech",
-    "completions": "completions",
-}
+    "chat_text": 0.08, "chat_choices": 0.05, "chat_json": 0.05, "chat_audio_in": 0.08,
+    "chat_audio_stream": 0.12, "speech": 0.08, "completions": 0.10, "cache_salt": 0.08,
+    "transcription": 0.06, "chat_tools": 0.05, "disconnect": 0.10, "bad": 0.15,
+}  # fmt: skip
+REFERENCE_KIND = {kind: kind for kind in KINDS if kind not in ("disconnect", "bad")} | {
+    "cache_salt": "chat_text", "chat_choices": "chat_text"}  # fmt: skip
 """Kind -> the kind whose reference its answer must equal (disconnect and bad have none)."""
 JSON_FORMAT: dict[str, Any] = {"type": "json_schema", "json_schema": {"name": "fact", "schema": {
     "type": "object", "properties": {"subject": {"type": "string"}, "n": {"type": "integer"}},
@@ -165,7 +152,8 @@ class Sender:
     """Sends jobs with one AsyncOpenAI client; max_tokens caps chats and completions, not speech."""
 
     def __init__(self, client: openai.AsyncOpenAI, max_tokens: int) -> None:
-        from tools.soak_misbehave import bad, disconnect  # they build on this class
+        from tools.soak_audio_text import chat_tools, transcription  # they build on this class
+        from tools.soak_misbehave import bad, disconnect
 
         self.client = client
         self.max_tokens = max_tokens
@@ -178,6 +166,8 @@ class Sender:
             "chat_audio_stream": self._chat_audio_stream,
             "speech": self._speech,
             "completions": self._completions,
+            "transcription": lambda job: transcription(self, job),
+            "chat_tools": lambda job: chat_tools(self, job),
             "disconnect": lambda job: disconnect(self, job),
             "bad": lambda job: bad(self, job),
         }
