@@ -70,7 +70,8 @@ class SamplingParams:
     likely one's (after temperature, top-k and top-p); 0 disables. Greedy rows ignore it."""
     min_tokens: int = 0
     """As vLLM's: the stop tokens (EOS, stop_token_ids) cannot be chosen before this many tokens
-    were generated (stop strings still apply); at most max_tokens."""
+    were generated, and stop strings are not looked for in the text of the steps before; at
+    most max_tokens."""
     json_schema: str | None = None
     """Constrain the tokens to JSON that follows this JSON schema (its text, or a dict; the
     subset in omni/core/json_schema.py: '{"type": "object"}' is any object): only tokens that

@@ -134,7 +134,7 @@ class RequestState:
             return None
         text = self._text(stage, decode)
         found = None if text is None else self.stop.find(text)
-        if text is None or found is None:
+        if text is None or found is None or len(tokens) < self.stop.min_tokens:
             return None
         num_tokens = stopped_tokens(tokens, found[1], lambda ids: decode(stage, ids))
         logprobs = self.logprobs.get(stage)

@@ -8,7 +8,8 @@ aborted and the driver finishes it itself: finish_reason "stopped", the tokens u
 completed the string, the text before it. Until then, a streamed snapshot holds back the end of
 its text that could be the beginning of a stop string, so no client ever sees part of one.
 Only the final stage may set them (its result is the driver's to cut), and its tokens must be
-text: `stop_strings_for` refuses other requests before any work starts.
+text: `stop_strings_for` refuses other requests before any work starts. With min_tokens, as vLLM:
+the text of the steps before the request has that many tokens is passed over, not searched.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from omni.registry import produces_text
 
 
 class StopStrings:
-    def __init__(self, strings: tuple[str, ...]) -> None:
+    def __init__(self, strings: tuple[str, ...], min_tokens: int = 0) -> None:
         self.strings = strings
+        self.min_tokens = min_tokens  # SamplingParams.min_tokens: text before it is not searched
         self.longest = max(len(s) for s in strings)
         self.num_checked = 0  # characters of the text searched so far
 
@@ -74,4 +76,4 @@ def stop_strings_for(
             f"SamplingParams.stop of stage {final!r}: its tokens are not text (adapter "
             f"{config.stage(final).adapter!r}); use stop_token_ids"
         )
-    return StopStrings(strings) if strings else None
+    return StopStrings(strings, params[final].min_tokens) if strings else None

@@ -144,3 +144,28 @@ def test_repetition_arithmetic_over_prompt_and_output():
     assert got[0].tolist() == [1.0, -4.0, 1.0 - 0.5, -2.0, 1.0] and torch.equal(got[1], logits[1])
     penalties.release(["a", "b"])
     assert not penalties._slots and not penalties._prompts
+
+
+def test_min_tokens_passes_over_stop_strings_before_it(qwen2_dir, case):
+    """A stop string the greedy text meets early ends the request there; with min_tokens past
+    it, as vLLM, the text of those steps is not searched and the request runs on."""
+    from helpers import on_cpu
+    from transformers import AutoTokenizer
+
+    from omni import Omni
+
+    prompts, _, expected = case
+    tokenizer = AutoTokenizer.from_pretrained(qwen2_dir)
+    plain = expected["plain"][0]
+    stop = tokenizer.decode(plain[1:2])  # met at the second token
+    assert stop.strip() and stop not in tokenizer.decode(plain[:1])
+    base = dict(max_tokens=MAX_NEW, ignore_eos=True, stop=[stop])
+    with Omni(model=qwen2_dir, runtime={"backend": "local"}, **on_cpu("llm")) as lm:
+        early, held = (
+            lm.generate([prompts[0]], SamplingParams(**base, min_tokens=m), use_tqdm=False)[0].final
+            for m in (0, MIN_TOKENS)
+        )
+    assert early.token_ids == plain[:2] and early.finish_reason == "stopped"
+    assert held.token_ids[:MIN_TOKENS] == plain[:MIN_TOKENS] and len(held.token_ids) > MIN_TOKENS
+    later = tokenizer.decode(plain[MIN_TOKENS - 1 :])  # stops again only if met later on
+    assert (held.finish_reason == "stopped") == (stop in later), (held.finish_reason, later)
