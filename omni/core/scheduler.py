@@ -131,7 +131,7 @@ class Scheduler:
                 if start < request.num_prompt_tokens
                 else (),
             )
-            if entry.sample:
+            if entry.sample and not (request.constraint is None and request.stop_mask is None):
                 entry.allowed_tokens = request.allowed_tokens()
             scheduled.append(entry)
             if hit_filter is not None and (start + num_new) // block_size > start // block_size:
