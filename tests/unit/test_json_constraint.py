@@ -144,3 +144,30 @@ def test_the_sampler_masks_the_logits_rows(copy, dtype, num_masked):
     if copy:
         torch.testing.assert_close(logits, given, rtol=0, atol=0)  # the model's own logits
     assert masked(logits, [None, None, None], copy=copy) is logits
+
+
+def test_min_tokens_cuts_the_stops_from_the_json_mask_until_only_a_stop_may_follow():
+    from omni.core.request import Request
+    from omni.core.sampling_params import SamplingParams
+
+    allowed = np.ones(VOCAB_SIZE, dtype=bool)
+    allowed[EOS] = False
+    params = SamplingParams(max_tokens=10, min_tokens=5, json_schema={"type": "object"})
+    request = Request("r", [1, 2], sampling_params=params, eos_token_id=EOS)
+    request.stop_mask = np.packbits(allowed)
+    request.constraint = JsonConstraint(compile_schema({"type": "object"}), vocabulary()).cursor(
+        [EOS]
+    )
+    for token in greedy_tokens(b"{"):  # inside the value: the stop cut, the rest as JSON's
+        request.append_output_token_ids(token)
+        mask = np.unpackbits(request.allowed_tokens())[:VOCAB_SIZE].astype(bool)
+        assert not mask[EOS] and mask.sum() > 1
+    request.append_output_token_ids(greedy_tokens(b"}"))
+    assert request.num_output_tokens < 5  # a whole value before min_tokens: only a stop, as JSON
+    mask = np.unpackbits(request.allowed_tokens())[:VOCAB_SIZE].astype(bool)
+    assert mask.sum() == 1 and mask[EOS]
+    plain = Request("p", [1], sampling_params=SamplingParams(min_tokens=2), eos_token_id=EOS)
+    plain.stop_mask = request.stop_mask
+    assert plain.allowed_tokens() is plain.stop_mask
+    plain.append_output_token_ids([3, 4])
+    assert plain.allowed_tokens() is None  # min_tokens reached: any token
