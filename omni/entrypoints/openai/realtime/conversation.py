@@ -1,9 +1,10 @@
 """One connection's conversation: its items in order, and the prompt of the next response.
 
 Every response's prompt is the whole conversation so far: the instructions as the system
-message, then every item (typed and spoken user turns, the model's own earlier replies as text),
-rendered as /v1/chat/completions renders messages (the family's `PromptProcessor.chat_text`), then the generation
-prompt. So a turn's prompt starts with the previous turn's prompt and reply: every stage's
+message, then every item (typed and spoken user turns, the model's own earlier replies as text,
+its function calls as the assistant's tool calls, their outputs as tool messages), rendered as
+/v1/chat/completions renders messages (the family's `PromptProcessor.chat_text`, with the
+session's tools), then the generation prompt. So a turn's prompt starts with the previous turn's prompt and reply: every stage's
 prefix cache holds it, and `usage.input_token_details.cached_tokens` reports the hit. Audio items
 keep their samples (the same samples each turn give the same content hash, so the prefix stays
 cached through them); a reply is kept as the text the client was sent (its transcript), also
@@ -12,6 +13,7 @@ when it was cancelled part-way.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,8 +59,21 @@ class Item:
     parts: list[Part]
     id: str = field(default_factory=lambda: make_id("item"))
     status: str = "completed"
+    type: str = "message"
+    """message, function_call (the model's: call_id, name, arguments) or function_call_output
+    (the client's: call_id, output)."""
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""
+    output: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        head = {"id": self.id, "object": "realtime.item", "type": self.type}
+        if self.type == "function_call":
+            return head | {"status": self.status, "call_id": self.call_id, "name": self.name,
+                           "arguments": self.arguments}  # fmt: skip
+        if self.type == "function_call_output":
+            return head | {"call_id": self.call_id, "output": self.output}
         return {
             "id": self.id,
             "object": "realtime.item",
@@ -94,14 +109,34 @@ class Conversation:
         self.items.insert(index, item)
         return self.items[index - 1].id if index else None
 
-    def prompt(self, ctx: Context, instructions: str, speaker: str | None) -> dict[str, Any]:
-        """The prompt dict of the next response (AsyncOmni's prompt format)."""
+    def prompt(
+        self,
+        ctx: Context,
+        instructions: str,
+        speaker: str | None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """The prompt dict of the next response (AsyncOmni's prompt format); `tools` in chat's
+        form (tools.py)."""
         turns: list[tuple[str, list[tuple[str, str]]]] = []
         if instructions:
             turns.append(("system", [("text", instructions)]))
         audio: list[tuple[np.ndarray, int]] = []
         images: list[bytes] = []
         for item in self.items:
+            if item.type == "function_call_output":
+                turns.append(("tool", [("text", item.output), ("tool_call_id", item.call_id)]))
+                continue
+            if item.type == "function_call":  # with the assistant's turn before it, if any
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments}}  # fmt: skip
+                if not turns or turns[-1][0] != "assistant":
+                    turns.append(("assistant", []))
+                calls = [json.loads(t) for k, t in turns[-1][1] if k == "tool_calls"]
+                parts = [(k, t) for k, t in turns[-1][1] if k != "tool_calls"]
+                merged = [c for group in calls for c in group] + [call]
+                turns[-1] = ("assistant", [*parts, ("tool_calls", json.dumps(merged))])
+                continue
             pieces: list[tuple[str, str]] = []
             for part in item.parts:
                 if part.audio is not None:
@@ -114,7 +149,8 @@ class Conversation:
                     pieces.append(("text", part.text))
             turns.append((item.role, pieces))
         # The family's chat framing, as /v1/chat/completions frames messages.
-        prompt: dict[str, Any] = {"prompt": ctx.async_omni.prompt_processor.chat_text(turns)}
+        text = ctx.async_omni.prompt_processor.chat_text(turns, tools)
+        prompt: dict[str, Any] = {"prompt": text}
         if audio:
             prompt["audio"] = audio
         if images:
@@ -126,6 +162,20 @@ class Conversation:
 
 def from_client(ctx: Context, item: events.Item) -> Item:
     """A conversation.item.create item, checked and decoded (OpenAIError naming the field)."""
+    fields = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
+              "function_call_output": ("call_id", "output")}  # fmt: skip
+    for name in ("role", "content", "call_id", "name", "arguments", "output"):
+        given = getattr(item, name) is not None
+        if given != (name in fields[item.type]):
+            what = "needs" if not given else "does not take"
+            raise bad_request(f"item.{name}: a {item.type} item {what} it", f"item.{name}")
+    if item.type != "message":
+        assert item.call_id is not None
+        return Item("assistant" if item.type == "function_call" else "tool", [],
+                    id=item.id or make_id("item"), type=item.type, call_id=item.call_id,
+                    name=item.name or "", arguments=item.arguments or "",
+                    output=item.output or "")  # fmt: skip
+    assert item.role is not None and item.content is not None
     if not item.content:
         raise bad_request("item.content is empty", "item.content")
     parts = []

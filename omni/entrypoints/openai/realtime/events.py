@@ -3,7 +3,7 @@
 
 Strict as the HTTP bodies are (protocol.py): unknown fields, wrong JSON types and out-of-range
 values are errors naming the field. Fields of the GA session object that omni does not implement
-(tools, tracing, transcription, noise reduction, semantic VAD, ...) parse here and are refused,
+(tracing, transcription, noise reduction, semantic VAD, ...) parse here and are refused,
 when set to something other than "off", by the session (session_state.py), naming the field.
 """
 
@@ -93,11 +93,16 @@ class ContentPart(_Strict):
 
 
 class Item(_Strict):
-    """A message item (`conversation.item.create`); function calls are not supported."""
+    """An item of `conversation.item.create`: a message (role, content), a function call the
+    model made (call_id, name, arguments) or its output (call_id, output)."""
 
-    type: Literal["message"]
-    role: Literal["user", "assistant", "system"]
-    content: list[ContentPart]
+    type: Literal["message", "function_call", "function_call_output"]
+    role: Literal["user", "assistant", "system"] | None = None
+    content: list[ContentPart] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
     id: str | None = None
     object: Literal["realtime.item"] | None = None
     status: Literal["completed", "incomplete", "in_progress"] | None = None

@@ -8,7 +8,8 @@ Events, in order: `response.created`, `response.output_item.added`, `conversatio
 and transcript, `response.content_part.done`, `response.output_item.done`,
 `conversation.item.done`, `response.done` with the status and `usage`. Audio runs the streaming
 path (the talker starts before the thinker finishes, the vocoder decodes in chunks), as streamed
-chat completions do; a text response ends at the text stage.
+chat completions do; a text response ends at the text stage. With the session's tools, the calls
+the reply makes are output items of their own after the message (function_calls.py).
 
 Cancelling (response.cancel, barge-in, a closed connection) cancels the task: leaving the
 `async for` closes AsyncOmni.run, which aborts the request in every stage and frees its blocks.
@@ -32,11 +33,14 @@ from omni.entrypoints.openai import audio_encoding, sampling, streaming
 from omni.entrypoints.openai.context import Context
 from omni.entrypoints.openai.errors import OpenAIError, from_exception
 from omni.entrypoints.openai.realtime.conversation import Conversation, Item, Part
+from omni.entrypoints.openai.realtime.function_calls import FunctionCalls
+from omni.entrypoints.openai.realtime.response_usage import usage
 from omni.entrypoints.openai.realtime.server_events import error, event, make_id
 from omni.entrypoints.openai.realtime.session_state import (
     AUDIO_FORMAT,
     SAMPLE_RATE,
     ResponseSettings,
+    checked_call,
 )
 from omni.entrypoints.snapshot_cursor import SnapshotCursor
 from omni.messages import OmniOutput
@@ -60,11 +64,16 @@ class Response:
         self.send = send
         self.client_event_id = client_event_id
         self.id = make_id("resp")
-        self.want_audio = settings.output_modalities == ("audio",)
+        call = checked_call(ctx, list(settings.tools), settings.tool_choice, "session")
+        self.calls = None if call is None else FunctionCalls(call, self.id, conversation)
+        self.json_schema = None if call is None else call.json_schema  # a forced call's
+        # A forced call is the whole reply: it ends at the text stage.
+        self.want_audio = settings.output_modalities == ("audio",) and self.json_schema is None
         self.cancel_reason: str | None = None
         # Built now, not when the task first runs: a later event may add items meanwhile.
         voice = settings.voice if self.want_audio else None
-        self.prompt = conversation.prompt(ctx, settings.instructions, voice)
+        tools = None if call is None else call.tools
+        self.prompt = conversation.prompt(ctx, settings.instructions, voice, tools)
         self.item = Item("assistant", [Part("output_audio" if self.want_audio else "output_text")])
         self.item.status = "in_progress"
         self.previous_item_id: str | None = None
@@ -93,6 +102,7 @@ class Response:
                 max_tokens=s.max_output_tokens,
                 until_end=True,
                 default_max_tokens=ctx.args.max_tokens,
+                json_schema=self.json_schema,
             )
             prepared = await streaming.prepare(async_omni, self.prompt, self.id)
             sampling.check_context(
@@ -134,9 +144,11 @@ class Response:
                         timer.first_token()
                         await self._send_text(news.text)
                     samples = news.audio.get(async_omni.audio_stage or "")
-                    if self.want_audio and samples is not None and last.error is None:
+                    spoken = self.calls is None or not self.calls.started  # calls are not
+                    if self.want_audio and samples is not None and last.error is None and spoken:
                         timer.first_audio()
                         await self._send_audio(samples, last)
+            await self._send_text("", whole=True)
             status, details = _outcome(last, text_stage)
         except asyncio.CancelledError:
             reason = self.cancel_reason or "client_cancelled"
@@ -151,7 +163,12 @@ class Response:
         if created:  # a response the client never saw created gets no done events either
             await self._finish(status, details, last, prepared.prompt_token_ids)
 
-    async def _send_text(self, text: str) -> None:
+    async def _send_text(self, text: str, whole: bool = False) -> None:
+        """The reply's new text: the message's, less its calls (sent as their own items)."""
+        if self.calls is not None:
+            text = await self.calls.text(text, self.send, whole)
+        if not text:
+            return
         kind = (
             "response.output_audio_transcript.delta"
             if self.want_audio
@@ -174,7 +191,9 @@ class Response:
     async def _cancelled_before_output(self) -> None:
         details = {"type": "cancelled", "reason": self.cancel_reason or "client_cancelled"}
         await self.send(event("response.created", response=self._object("in_progress")))
-        done = self._object("cancelled", details, self._usage(None, []))  # nothing tokenized
+        done = self._object(
+            "cancelled", details, usage(self.ctx, None, [], self.want_audio)
+        )  # nothing tokenized
         await self.send(event("response.done", response={**done, "output": []}))
 
     async def _finish(
@@ -197,8 +216,10 @@ class Response:
         await self.send(self._part_event("response.content_part.done", text))
         await self.send(self._item_event("response.output_item.done"))
         await self.send(self._item_event("conversation.item.done"))
-        usage = self._usage(last, prompt_token_ids)
-        response = self._object(status, details, usage)
+        if self.calls is not None:
+            await self.calls.finish(status == "completed", self.send)
+        counts = usage(self.ctx, last, prompt_token_ids, self.want_audio)
+        response = self._object(status, details, counts)
         await self.send(event("response.done", response=response))
 
     # ---- event bodies -------------------------------------------------------------------------
@@ -239,7 +260,10 @@ class Response:
             "object": "realtime.response",
             "status": status,
             "status_details": details,
-            "output": [] if status == "in_progress" else [self.item.to_dict()],
+            "output": []
+            if status == "in_progress"
+            else [self.item.to_dict()]
+            + [item.to_dict() for item in (self.calls.items if self.calls else [])],
             "conversation_id": None,
             "output_modalities": list(s.output_modalities),
             "max_output_tokens": s.max_output_tokens or "inf",
@@ -251,32 +275,6 @@ class Response:
             },
             "usage": usage,
             "metadata": s.metadata,
-        }
-
-    def _usage(self, last: OmniOutput | None, prompt_token_ids: list[int]) -> dict[str, Any]:
-        async_omni = self.ctx.async_omni
-        root = last.stages.get(async_omni.config.root_stages[0].name) if last else None
-        num_input = root.num_prompt_tokens if root is not None else len(prompt_token_ids)
-        cached = root.num_cached_tokens if root is not None else 0
-        placeholder = getattr(async_omni.prompt_processor, "placeholder", {}).get("audio")
-        audio_in = sum(1 for t in prompt_token_ids if t == placeholder) if placeholder else 0
-        text_out = audio_out = 0
-        for name, result in (last.stages if last else {}).items():
-            if name == async_omni.text_stage:
-                text_out = len(result.token_ids)
-            elif self.want_audio and name != async_omni.audio_stage:
-                audio_out += len(result.token_ids)  # the talker's codec tokens
-        return {
-            "total_tokens": num_input + text_out + audio_out,
-            "input_tokens": num_input,
-            "output_tokens": text_out + audio_out,
-            "input_token_details": {
-                "text_tokens": num_input - audio_in,
-                "audio_tokens": audio_in,
-                "image_tokens": 0,
-                "cached_tokens": cached,
-            },
-            "output_token_details": {"text_tokens": text_out, "audio_tokens": audio_out},
         }
 
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni.entrypoints.openai.context import Context
-from omni.entrypoints.openai.errors import bad_request
+from omni.entrypoints.openai.errors import OpenAIError, bad_request
 from omni.entrypoints.openai.realtime import events
+from omni.entrypoints.openai.tools import ToolCall, tool_call
 
 SAMPLE_RATE = 24000
 """Input and output audio: pcm16, 24 kHz, mono."""
@@ -54,6 +55,10 @@ class ResponseSettings:
     """The text stage's max_tokens (None: "inf", until the end of the context)."""
     metadata: dict[str, str] | None = None
     """Echoed in the response object."""
+    tools: tuple[Any, ...] = ()
+    """Functions the model may call (the Realtime API's form: {type, name, parameters})."""
+    tool_choice: Any = "auto"
+    """"auto", "none", "required" or {"type": "function", "name": ...}."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,10 @@ class SessionState:
     """Server VAD settings; None: turns end only at input_audio_buffer.commit."""
     max_output_tokens: int | None = None
     """The text stage's max_tokens per response (None: "inf", until the end of the context)."""
+    tools: tuple[Any, ...] = ()
+    """Functions the model may call (function_calls.py)."""
+    tool_choice: Any = "auto"
+    """How it may call them."""
 
     def updated(self, ctx: Context, update: events.SessionObject) -> SessionState:
         """This session with `update` applied; OpenAIError (the session unchanged) if refused."""
@@ -83,6 +92,7 @@ class SessionState:
             changes["output_modalities"] = modalities(ctx, update.output_modalities, "session")
         if update.max_output_tokens is not None:
             changes["max_output_tokens"] = _max_tokens(update.max_output_tokens)
+        changes |= _tools(ctx, update, self.tools, self.tool_choice, "session")
         audio = update.audio
         if audio is not None and audio.input is not None:
             inp = audio.input
@@ -104,8 +114,9 @@ class SessionState:
     def for_response(self, ctx: Context, params: events.ResponseParams | None) -> ResponseSettings:
         """The settings of one response: the session's, overridden by response.create's."""
         settings = ResponseSettings(
-            self.output_modalities, self.instructions, self.voice, self.max_output_tokens
-        )
+            self.output_modalities, self.instructions, self.voice, self.max_output_tokens,
+            tools=self.tools, tool_choice=self.tool_choice,
+        )  # fmt: skip
         if params is None:
             return settings
         _refuse_unsupported(params, "response")
@@ -120,6 +131,7 @@ class SessionState:
             changes["instructions"] = params.instructions
         if params.max_output_tokens is not None:
             changes["max_output_tokens"] = _max_tokens(params.max_output_tokens)
+        changes |= _tools(ctx, params, self.tools, self.tool_choice, "response")
         out = params.audio.output if params.audio is not None else None
         if out is not None:
             _check_format(out.format, "response.audio.output.format")
@@ -153,8 +165,8 @@ class SessionState:
                 },
             },
             "max_output_tokens": self.max_output_tokens or "inf",
-            "tools": [],
-            "tool_choice": "auto",
+            "tools": list(self.tools),
+            "tool_choice": self.tool_choice,
             "tracing": None,
             "truncation": "disabled",
             "include": None,
@@ -211,8 +223,6 @@ def _turn_detection(td: events.TurnDetection | None) -> TurnDetection | None:
 
 
 _OFF: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []),
-    "tool_choice": (None, "auto", "none"),
     "tracing": (None,),
     "truncation": (None, "disabled"),  # conversations are never truncated: too long is an error
     "include": (None, []),
@@ -220,6 +230,46 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "reasoning": (None,),
     "parallel_tool_calls": (None, False, True),
 }
+
+
+def chat_tools(tools: list[Any]) -> list[Any]:
+    """Realtime's tools ({type, name, description, parameters}) in chat's form."""
+    return [
+        {"type": tool.get("type"), "function": {k: v for k, v in tool.items() if k != "type"}}
+        if isinstance(tool, dict)
+        else tool
+        for tool in tools
+    ]
+
+
+def checked_call(ctx: Context, tools: list[Any], tool_choice: Any, where: str) -> ToolCall | None:
+    """The calls a response with these tools makes (None: none); a 400 naming `where`'s field."""
+    choice = tool_choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    try:
+        return tool_call(chat_tools(tools), choice or "auto", ctx.args.tool_call_parser)
+    except OpenAIError as e:
+        param = (e.param or "").replace(".function.", ".").replace("function.", "")
+        message = e.message.replace(".function.", ".").replace("function.name", "name")
+        raise bad_request(
+            f"{where}.{message}", f"{where}.{param}", e.code or "invalid_value"
+        ) from e
+
+
+def _tools(
+    ctx: Context, given: Any, tools: tuple[Any, ...], tool_choice: Any, where: str
+) -> dict[str, Any]:
+    """The tools and tool_choice `given` sets (checked together with the ones it leaves)."""
+    changes: dict[str, Any] = {}
+    if given.tools is not None:
+        changes["tools"] = tuple(given.tools)
+    if given.tool_choice is not None:
+        changes["tool_choice"] = given.tool_choice
+    if changes:
+        new_tools = changes.get("tools", tools)
+        checked_call(ctx, list(new_tools), changes.get("tool_choice", tool_choice), where)
+    return changes
 
 
 def _refuse_unsupported(obj: Any, where: str) -> None:
