@@ -364,3 +364,37 @@ def test_text_only_pipeline(servers):
     )
     assert got.text == chat.choices[0].message.content
     assert got.done["usage"]["input_tokens"] == chat.usage.prompt_tokens
+
+
+def test_items_are_retrieved_truncated_and_deleted(servers):
+    """After an audio reply: retrieve gives the item as response.done did; truncate at what was
+    played drops its transcript (past the audio sent: an error); delete takes it out of the next
+    prompt, which is then the first one again (from the prefix cache)."""
+
+    async def go():
+        async with _connect(servers[0]) as conn:
+            await until(conn, "session.created")
+            await conn.session.update(session={**NO_VAD, "max_output_tokens": 6})
+            await until(conn, "session.updated")
+            await say(conn, "Hello there")
+            first = turn(await until(conn, "response.done"))
+            got, item_id = [], first.done["output"][0]["id"]
+            for kind, fields in [("retrieve", {}), ("truncate", {"audio_end_ms": 10**6}),
+                                 ("truncate", {"audio_end_ms": 100}), ("retrieve", {}),
+                                 ("delete", {}), ("retrieve", {})]:  # fmt: skip
+                extra = {"content_index": 0} if fields else {}
+                await getattr(conn.conversation.item, kind)(item_id=item_id, **fields, **extra)
+                got.append((await conn.recv()).model_dump())
+            await conn.response.create()
+            return first, got, turn(await until(conn, "response.done"))
+
+    first, got, again = asyncio.run(go())
+    assert first.audio.size > 2400 and first.text and got[0]["item"] == first.done["output"][0]
+    assert (got[1]["type"], got[1]["error"]["param"]) == ("error", "audio_end_ms")
+    assert got[2]["type"] == "conversation.item.truncated" and got[2]["audio_end_ms"] == 100
+    assert got[3]["item"]["content"][0]["transcript"] == ""
+    assert got[4]["type"] == "conversation.item.deleted"
+    assert (got[5]["type"], got[5]["error"]["code"]) == ("error", "item_not_found")
+    usage, before = again.done["usage"], first.done["usage"]
+    assert usage["input_tokens"] == before["input_tokens"]
+    assert usage["input_token_details"]["cached_tokens"] > 0

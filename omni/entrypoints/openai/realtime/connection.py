@@ -185,6 +185,21 @@ class Connection:
         previous = self.conversation.add(item, ev.previous_item_id)
         await self._item_added(item, previous)
 
+    async def _on_conversation_item_retrieve(self, ev: events.ConversationItemRetrieve) -> None:
+        item = self.conversation.find(ev.item_id)
+        await self.send(event("conversation.item.retrieved", item=item.to_dict()))
+
+    async def _on_conversation_item_delete(self, ev: events.ConversationItemDelete) -> None:
+        self.conversation.items.remove(self.conversation.find(ev.item_id))
+        await self.send(event("conversation.item.deleted", item_id=ev.item_id))
+
+    async def _on_conversation_item_truncate(self, ev: events.ConversationItemTruncate) -> None:
+        self.conversation.truncate(ev.item_id, ev.content_index, ev.audio_end_ms)
+        fields = {"item_id": ev.item_id, "content_index": ev.content_index}
+        await self.send(
+            event("conversation.item.truncated", **fields, audio_end_ms=ev.audio_end_ms)
+        )
+
     async def _item_added(self, item: conversation.Item, previous: str | None) -> None:
         for kind in ("conversation.item.added", "conversation.item.done"):
             await self.send(event(kind, item=item.to_dict(), previous_item_id=previous))

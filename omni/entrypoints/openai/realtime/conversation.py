@@ -40,6 +40,8 @@ class Part:
     """A text part's text, or an assistant audio part's transcript."""
     audio: np.ndarray | None = None
     """A user audio part's int16 samples (24 kHz)."""
+    num_samples_sent: int = 0
+    """An assistant audio part's samples sent to the client (24 kHz), for truncation."""
     image: bytes | None = None
     """A user image part's encoded image."""
 
@@ -108,6 +110,40 @@ class Conversation:
             index = ids.index(previous_item_id) + 1
         self.items.insert(index, item)
         return self.items[index - 1].id if index else None
+
+    def find(self, item_id: str) -> Item:
+        """The item with this id (OpenAIError naming item_id when there is none)."""
+        for item in self.items:
+            if item.id == item_id:
+                return item
+        raise bad_request(
+            f"item_id {item_id!r} is not in the conversation", "item_id", "item_not_found"
+        )
+
+    def truncate(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
+        """Cut an assistant audio part at what the client played: its transcript goes (text the
+        user did not hear stays out of later prompts), as OpenAI's API does."""
+        item = self.find(item_id)
+        if item.status == "in_progress":
+            raise bad_request(
+                f"item_id {item_id!r} is still being generated: cancel its response first",
+                "item_id",
+            )
+        parts = item.parts
+        if content_index >= len(parts) or parts[content_index].type != "output_audio":
+            raise bad_request(
+                f"content_index {content_index}: item {item_id!r} has no assistant audio part "
+                "there",
+                "content_index",
+            )
+        part = parts[content_index]
+        played_ms = part.num_samples_sent * 1000 // input_audio.SAMPLE_RATE
+        if audio_end_ms > played_ms:
+            raise bad_request(
+                f"audio_end_ms {audio_end_ms} is past the audio sent ({played_ms} ms)",
+                "audio_end_ms",
+            )
+        part.text = ""
 
     def prompt(
         self,

@@ -157,6 +157,23 @@ class ConversationItemCreate(_Event):
     previous_item_id: str | None = None
 
 
+class ConversationItemRetrieve(_Event):
+    type: Literal["conversation.item.retrieve"]
+    item_id: str
+
+
+class ConversationItemDelete(_Event):
+    type: Literal["conversation.item.delete"]
+    item_id: str
+
+
+class ConversationItemTruncate(_Event):
+    type: Literal["conversation.item.truncate"]
+    item_id: str
+    content_index: Annotated[int, Field(ge=0)]
+    audio_end_ms: Annotated[int, Field(ge=0)]
+
+
 class ResponseCreate(_Event):
     type: Literal["response.create"]
     response: ResponseParams | None = None
@@ -173,6 +190,9 @@ EVENTS: dict[str, type[_Event]] = {
     "input_audio_buffer.commit": InputAudioBufferCommit,
     "input_audio_buffer.clear": InputAudioBufferClear,
     "conversation.item.create": ConversationItemCreate,
+    "conversation.item.retrieve": ConversationItemRetrieve,
+    "conversation.item.delete": ConversationItemDelete,
+    "conversation.item.truncate": ConversationItemTruncate,
     "response.create": ResponseCreate,
     "response.cancel": ResponseCancel,
 }
@@ -182,6 +202,9 @@ ClientEvent = (
     | InputAudioBufferCommit
     | InputAudioBufferClear
     | ConversationItemCreate
+    | ConversationItemRetrieve
+    | ConversationItemDelete
+    | ConversationItemTruncate
     | ResponseCreate
     | ResponseCancel
 )

@@ -184,6 +184,7 @@ class Response:
         if rate != SAMPLE_RATE:  # the API's one output rate
             times = np.arange(round(pcm.size * SAMPLE_RATE / rate)) * (rate / SAMPLE_RATE)
             pcm = np.interp(times, np.arange(pcm.size), pcm).astype("<i2")
+        self.item.parts[0].num_samples_sent += pcm.size  # what a truncation may cut at
         for piece in audio_encoding.chunks(pcm.tobytes()):
             delta = base64.b64encode(piece).decode()
             await self.send(event("response.output_audio.delta", **self._where(), delta=delta))
