@@ -23,6 +23,7 @@ from omni.entrypoints.openai.context import Context
 from omni.entrypoints.openai.errors import OpenAIError, bad_request, from_exception
 from omni.entrypoints.openai.realtime import conversation, events, input_audio
 from omni.entrypoints.openai.realtime.input_audio import AudioBuffer, ms
+from omni.entrypoints.openai.realtime.input_transcription import transcribe
 from omni.entrypoints.openai.realtime.response import Response
 from omni.entrypoints.openai.realtime.server_events import error, event, make_id
 from omni.entrypoints.openai.realtime.session_state import SAMPLE_RATE, SessionState
@@ -47,6 +48,7 @@ class Connection:
         """The id the speech now in the buffer will have as an item (set at speech start)."""
         self.closed = False
         self._send_lock = asyncio.Lock()
+        self._transcriptions: set[asyncio.Task[None]] = set()  # of committed turns, running
 
     async def send(self, message: dict[str, Any]) -> None:
         if self.closed:
@@ -75,6 +77,9 @@ class Connection:
             self.closed = True
             if self.response is not None:
                 await self.response.cancel("client_cancelled")
+            for task in list(self._transcriptions):
+                task.cancel()  # aborts its request
+            await asyncio.gather(*self._transcriptions, return_exceptions=True)
 
     async def _handle(self, data: str | bytes) -> None:
         try:
@@ -172,6 +177,12 @@ class Connection:
             event("input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
         )
         await self._item_added(item, previous)
+        if self.session.transcription is not None:
+            task = asyncio.create_task(
+                transcribe(self.ctx, item, self.session.transcription, self.send)
+            )
+            self._transcriptions.add(task)
+            task.add_done_callback(self._transcriptions.discard)
 
     async def _on_input_audio_buffer_clear(self, ev: events.InputAudioBufferClear) -> None:
         self.buffer.clear()

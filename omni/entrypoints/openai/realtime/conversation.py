@@ -37,7 +37,7 @@ class Part:
     type: str
     """The GA content type: input_text, input_audio, input_image, output_text, output_audio."""
     text: str = ""
-    """A text part's text, or an assistant audio part's transcript."""
+    """A text part's text, or an audio part's transcript."""
     audio: np.ndarray | None = None
     """A user audio part's int16 samples (24 kHz)."""
     num_samples_sent: int = 0
@@ -46,8 +46,8 @@ class Part:
     """A user image part's encoded image."""
 
     def to_dict(self) -> dict[str, Any]:
-        if self.type == "input_audio":
-            return {"type": "input_audio", "transcript": None}
+        if self.type == "input_audio":  # its transcript, once transcribed
+            return {"type": "input_audio", "transcript": self.text or None}
         if self.type == "output_audio":
             return {"type": "output_audio", "transcript": self.text}
         if self.type == "input_image":

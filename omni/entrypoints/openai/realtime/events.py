@@ -3,7 +3,7 @@
 
 Strict as the HTTP bodies are (protocol.py): unknown fields, wrong JSON types and out-of-range
 values are errors naming the field. Fields of the GA session object that omni does not implement
-(tracing, transcription, noise reduction, semantic VAD, ...) parse here and are refused,
+(tracing, noise reduction, semantic VAD, ...) parse here and are refused,
 when set to something other than "off", by the session (session_state.py), naming the field.
 """
 
@@ -42,10 +42,18 @@ class TurnDetection(_Strict):
     eagerness: str | None = None
 
 
+class Transcription(_Strict):
+    """Input audio transcription: `model` is taken as given (the served model transcribes)."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
 class AudioInput(_Strict):
     format: AudioFormat | None = None
     turn_detection: TurnDetection | None = None
-    transcription: dict[str, Any] | None = None
+    transcription: Transcription | None = None
     noise_reduction: dict[str, Any] | None = None
 
 

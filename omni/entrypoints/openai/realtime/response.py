@@ -40,8 +40,8 @@ from omni.entrypoints.openai.realtime.session_state import (
     AUDIO_FORMAT,
     SAMPLE_RATE,
     ResponseSettings,
-    checked_call,
 )
+from omni.entrypoints.openai.realtime.session_tools import checked_call
 from omni.entrypoints.snapshot_cursor import SnapshotCursor
 from omni.messages import OmniOutput
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni.entrypoints.openai.context import Context
-from omni.entrypoints.openai.errors import OpenAIError, bad_request
+from omni.entrypoints.openai.errors import bad_request
 from omni.entrypoints.openai.realtime import events
-from omni.entrypoints.openai.tools import ToolCall, tool_call
+from omni.entrypoints.openai.realtime.session_tools import checked_call
 
 SAMPLE_RATE = 24000
 """Input and output audio: pcm16, 24 kHz, mono."""
@@ -79,6 +79,8 @@ class SessionState:
     """Functions the model may call (function_calls.py)."""
     tool_choice: Any = "auto"
     """How it may call them."""
+    transcription: events.Transcription | None = None
+    """Transcribe each committed turn of input audio (input_transcription.py); None: do not."""
 
     def updated(self, ctx: Context, update: events.SessionObject) -> SessionState:
         """This session with `update` applied; OpenAIError (the session unchanged) if refused."""
@@ -97,9 +99,12 @@ class SessionState:
         if audio is not None and audio.input is not None:
             inp = audio.input
             _check_format(inp.format, "session.audio.input.format")
-            for name in ("transcription", "noise_reduction"):
-                if getattr(inp, name) is not None:
-                    raise _unsupported(f"session.audio.input.{name}", "null")
+            if inp.noise_reduction is not None:
+                raise _unsupported("session.audio.input.noise_reduction", "null")
+            if inp.transcription is not None:
+                _check_transcription(ctx, inp.transcription)
+            if "transcription" in inp.model_fields_set:
+                changes["transcription"] = inp.transcription
             if "turn_detection" in inp.model_fields_set:
                 changes["turn_detection"] = _turn_detection(inp.turn_detection)
         if audio is not None and audio.output is not None:
@@ -152,7 +157,9 @@ class SessionState:
             "audio": {
                 "input": {
                     "format": AUDIO_FORMAT,
-                    "transcription": None,
+                    "transcription": None
+                    if self.transcription is None
+                    else self.transcription.model_dump(),
                     "noise_reduction": None,
                     "turn_detection": None
                     if td is None
@@ -232,29 +239,20 @@ _OFF: dict[str, tuple[Any, ...]] = {
 }
 
 
-def chat_tools(tools: list[Any]) -> list[Any]:
-    """Realtime's tools ({type, name, description, parameters}) in chat's form."""
-    return [
-        {"type": tool.get("type"), "function": {k: v for k, v in tool.items() if k != "type"}}
-        if isinstance(tool, dict)
-        else tool
-        for tool in tools
-    ]
-
-
-def checked_call(ctx: Context, tools: list[Any], tool_choice: Any, where: str) -> ToolCall | None:
-    """The calls a response with these tools makes (None: none); a 400 naming `where`'s field."""
-    choice = tool_choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
-        choice = {"type": "function", "function": {"name": choice["name"]}}
-    try:
-        return tool_call(chat_tools(tools), choice or "auto", ctx.args.tool_call_parser)
-    except OpenAIError as e:
-        param = (e.param or "").replace(".function.", ".").replace("function.", "")
-        message = e.message.replace(".function.", ".").replace("function.name", "name")
+def _check_transcription(ctx: Context, transcription: events.Transcription) -> None:
+    param = "session.audio.input.transcription"
+    if getattr(ctx.async_omni.prompt_processor, "max_audio_seconds", None) is None:
         raise bad_request(
-            f"{where}.{message}", f"{where}.{param}", e.code or "invalid_value"
-        ) from e
+            f"{param}: {ctx.args.model_name!r} takes no audio input", param, "unsupported_value"
+        )
+    language = transcription.language
+    if language is not None and not (
+        len(language) == 2 and language.isascii() and language.isalpha() and language.islower()
+    ):
+        raise bad_request(
+            f"{param}.language: an ISO-639-1 code (e.g. 'en'), got {language!r}",
+            f"{param}.language",
+        )
 
 
 def _tools(
