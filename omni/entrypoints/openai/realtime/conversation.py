@@ -89,6 +89,8 @@ class Item:
 class Conversation:
     def __init__(self) -> None:
         self.items: list[Item] = []
+        self.out_of_context: set[str] = set()
+        """Items truncation left out of every later prompt (context_window.py)."""
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert `item` after `previous_item_id` ("root": first; None: last); returns the id of
@@ -151,15 +153,18 @@ class Conversation:
         instructions: str,
         speaker: str | None,
         tools: list[dict[str, Any]] | None = None,
+        items: list[Item] | None = None,
     ) -> dict[str, Any]:
-        """The prompt dict of the next response (AsyncOmni's prompt format); `tools` in chat's
-        form (tools.py)."""
+        """The prompt dict of the next response (AsyncOmni's prompt format) of `items` (default:
+        the conversation's), less those out of context; `tools` in chat's form (tools.py)."""
         turns: list[tuple[str, list[tuple[str, str]]]] = []
         if instructions:
             turns.append(("system", [("text", instructions)]))
         audio: list[tuple[np.ndarray, int]] = []
         images: list[bytes] = []
-        for item in self.items:
+        for item in self.items if items is None else items:
+            if item.id in self.out_of_context:
+                continue
             if item.type == "function_call_output":
                 turns.append(("tool", [("text", item.output), ("tool_call_id", item.call_id)]))
                 continue

@@ -32,6 +32,7 @@ import numpy as np
 from omni.entrypoints.openai import audio_encoding, sampling, streaming
 from omni.entrypoints.openai.context import Context
 from omni.entrypoints.openai.errors import OpenAIError, from_exception
+from omni.entrypoints.openai.realtime.context_window import fit
 from omni.entrypoints.openai.realtime.conversation import Conversation, Item, Part
 from omni.entrypoints.openai.realtime.function_calls import FunctionCalls
 from omni.entrypoints.openai.realtime.response_usage import usage
@@ -59,7 +60,7 @@ class Response:
         client_event_id: str | None,
     ) -> None:
         self.ctx = ctx
-        self.settings = settings
+        self.settings = s = settings
         self.conversation = conversation
         self.send = send
         self.client_event_id = client_event_id
@@ -70,10 +71,11 @@ class Response:
         # A forced call is the whole reply: it ends at the text stage.
         self.want_audio = settings.output_modalities == ("audio",) and self.json_schema is None
         self.cancel_reason: str | None = None
-        # Built now, not when the task first runs: a later event may add items meanwhile.
+        # Its items now, not when the task first runs: a later event may add items meanwhile.
         voice = settings.voice if self.want_audio else None
         tools = None if call is None else call.tools
-        self.prompt = conversation.prompt(ctx, settings.instructions, voice, tools)
+        self.items = list(conversation.items)
+        self.render = lambda items: conversation.prompt(ctx, s.instructions, voice, tools, items)
         self.item = Item("assistant", [Part("output_audio" if self.want_audio else "output_text")])
         self.item.status = "in_progress"
         self.previous_item_id: str | None = None
@@ -104,7 +106,11 @@ class Response:
                 default_max_tokens=ctx.args.max_tokens,
                 json_schema=self.json_schema,
             )
-            prepared = await streaming.prepare(async_omni, self.prompt, self.id)
+            room = s.max_output_tokens or 1  # the context's share left to the reply
+            if s.truncation == "auto":
+                prepared = await fit(ctx, self.conversation, self.items, self.render, self.id, room)
+            else:
+                prepared = await streaming.prepare(async_omni, self.render(self.items), self.id)
             sampling.check_context(
                 async_omni, text_stage, prepared, s.max_output_tokens, "max_output_tokens"
             )

@@ -59,6 +59,8 @@ class ResponseSettings:
     """Functions the model may call (the Realtime API's form: {type, name, parameters})."""
     tool_choice: Any = "auto"
     """"auto", "none", "required" or {"type": "function", "name": ...}."""
+    truncation: str = "auto"
+    """"auto": the oldest items leave the context when it overflows (context_window.py)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ class SessionState:
     """How it may call them."""
     transcription: events.Transcription | None = None
     """Transcribe each committed turn of input audio (input_transcription.py); None: do not."""
+    truncation: str = "auto"
+    """"auto" (the oldest items leave a context that overflows) or "disabled" (an error)."""
 
     def updated(self, ctx: Context, update: events.SessionObject) -> SessionState:
         """This session with `update` applied; OpenAIError (the session unchanged) if refused."""
@@ -95,6 +99,10 @@ class SessionState:
         if update.max_output_tokens is not None:
             changes["max_output_tokens"] = _max_tokens(update.max_output_tokens)
         changes |= _tools(ctx, update, self.tools, self.tool_choice, "session")
+        if update.truncation is not None:
+            if update.truncation not in ("auto", "disabled"):
+                raise _unsupported("session.truncation", '"auto" or "disabled"')
+            changes["truncation"] = update.truncation
         audio = update.audio
         if audio is not None and audio.input is not None:
             inp = audio.input
@@ -120,7 +128,7 @@ class SessionState:
         """The settings of one response: the session's, overridden by response.create's."""
         settings = ResponseSettings(
             self.output_modalities, self.instructions, self.voice, self.max_output_tokens,
-            tools=self.tools, tool_choice=self.tool_choice,
+            tools=self.tools, tool_choice=self.tool_choice, truncation=self.truncation,
         )  # fmt: skip
         if params is None:
             return settings
@@ -175,7 +183,7 @@ class SessionState:
             "tools": list(self.tools),
             "tool_choice": self.tool_choice,
             "tracing": None,
-            "truncation": "disabled",
+            "truncation": self.truncation,
             "include": None,
             "prompt": None,
         }
@@ -231,7 +239,6 @@ def _turn_detection(td: events.TurnDetection | None) -> TurnDetection | None:
 
 _OFF: dict[str, tuple[Any, ...]] = {
     "tracing": (None,),
-    "truncation": (None, "disabled"),  # conversations are never truncated: too long is an error
     "include": (None, []),
     "prompt": (None,),
     "reasoning": (None,),

@@ -1,7 +1,11 @@
-"""Input audio transcription over /v1/realtime (`session.audio.input.transcription`) against a
-real `omni serve` of the tiny Qwen2.5-Omni: a committed turn's transcript (its deltas, the
-completed event, the item's transcript) equals AsyncOmni's reply to that audio with the
-transcription instruction; a session that hears no audio, or a bad language, is refused."""
+"""Session features of /v1/realtime against real `omni serve` processes (the tiny Qwen2.5-Omni and
+a tiny text LM with a 192-token context):
+- input audio transcription (`session.audio.input.transcription`): a committed turn's transcript
+  (its deltas, the completed event, the item's transcript) equals AsyncOmni's reply to that audio
+  with the transcription instruction; a session that hears no audio, or a bad language, is
+  refused;
+- truncation "auto" (the default): a conversation past the context drops its oldest items and
+  goes on, its later turns cached; "disabled": it is refused."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import dataclasses
 import openai
 import pytest
 from helpers import OMNI_ON_CPU, cli_sets, on_cpu
-from realtime_support import NO_VAD, append, speech, until, user
+from realtime_support import NO_VAD, append, say, speech, until, user
 
 from omni.entrypoints.async_omni import AsyncOmni
 from omni.entrypoints.openai.prompts import chat_prompt
@@ -21,7 +25,8 @@ from tools.make_tiny_checkpoint import ensure_checkpoint
 from tools.serve_process import ServeProcess
 
 pytestmark = pytest.mark.slow
-NAME, LM_NAME = "tiny-omni", "tiny-lm"
+NAME, LM_NAME, CONTEXT = "tiny-omni", "tiny-lm", 192
+TURNS = 12
 TRANSCRIBE = {"type": "realtime", "audio": {"input": {"turn_detection": None, "transcription": {
     "model": "whisper-1", "language": "en"}}}}  # fmt: skip
 
@@ -38,7 +43,8 @@ def servers(omni_dir):
                          *cli_sets(OMNI_ON_CPU)]).start()  # fmt: skip
     lm_dir = str(ensure_checkpoint("qwen2", "tiny", 0))
     lm = ServeProcess(["--model", lm_dir, "--served-model-name", LM_NAME, *local,
-                       *cli_sets(on_cpu("llm"))]).start()  # fmt: skip
+                       *cli_sets(on_cpu("llm") | {"stages.llm.engine.max_model_len": CONTEXT}),
+                       ]).start()  # fmt: skip
     try:
         omni.wait_ready()
         lm.wait_ready()
@@ -112,3 +118,54 @@ def test_transcription_is_refused_where_it_cannot_be_done(servers):
         "session.audio.input.transcription",
         "session.audio.input.transcription.language",
     ]
+
+
+def test_a_conversation_past_the_context_drops_its_oldest_items(servers):
+    async def turns(truncation: str) -> list[dict]:
+        out = []
+        async with _connect(servers[1], LM_NAME) as conn:
+            await until(conn, "session.created")
+            session = {**NO_VAD, "max_output_tokens": 8, "truncation": truncation}
+            await conn.session.update(session=session)
+            assert (await until(conn, "session.updated"))[-1]["session"]["truncation"] == truncation
+            for i in range(TURNS):
+                await say(conn, f"Turn {i}: tell me about rivers.")
+                last = (await until(conn, "response.done", allow_errors=True))[-1]
+                out.append(last["response"])
+                if last["response"]["status"] == "failed" or out[-1]["output"] == []:
+                    break
+        return out
+
+    async def refused() -> dict:
+        async with _connect(servers[1], LM_NAME) as conn:
+            await until(conn, "session.created")
+            await conn.session.update(
+                session={**NO_VAD, "max_output_tokens": 8, "truncation": "disabled"}
+            )
+            await until(conn, "session.updated")
+            for i in range(TURNS):
+                await say(conn, f"Turn {i}: tell me about rivers.")
+                while (ev := (await asyncio.wait_for(conn.recv(), 60)).model_dump())["type"] not in (
+                    "error", "response.done"):  # fmt: skip
+                    pass
+                if ev["type"] == "error":
+                    return ev["error"]
+        return {}
+
+    responses = asyncio.run(turns("auto"))
+    assert len(responses) == TURNS and all(
+        r["status"] in ("completed", "incomplete") for r in responses
+    )
+    inputs = [r["usage"]["input_tokens"] for r in responses]
+    assert max(inputs) + 8 <= CONTEXT and any(
+        b < a for a, b in zip(inputs[:-1], inputs[1:], strict=True)
+    ), inputs
+    dropped = (
+        next(i for i, (a, b) in enumerate(zip(inputs[:-1], inputs[1:], strict=True)) if b < a) + 1
+    )
+    # The turn after a truncation starts from the same items: its prompt is cached.
+    cached = [r["usage"]["input_token_details"]["cached_tokens"] for r in responses]
+    after = cached[dropped + 1]
+    assert dropped + 1 < len(responses) and after > 0, (inputs, after)
+    error = asyncio.run(refused())
+    assert error.get("code") == "context_length_exceeded", error
