@@ -51,6 +51,7 @@ def streamed(pieces: list[str], max_calls: int | None = None):
         ('<tool_call>{"name": "now", "arguments": [1]}</tool_call>',
          '<tool_call>{"name": "now", "arguments": [1]}</tool_call>', []),
         ('x <tool_call>{"name": "now"', 'x <tool_call>{"name": "now"', []),  # cut off
+        ('<tool_call>{"name": {"a": 1}}</tool_call>', '<tool_call>{"name": {"a": 1}}</tool_call>', []),
         ("use <tool> or </tool_call> <tool_cal", "use <tool> or </tool_call> <tool_cal", []),
         ("bad <tool_call>{}</tool_call> " + NOW + " end", "bad <tool_call>{}</tool_call>end",
          [("now", "{}")]),

@@ -100,7 +100,8 @@ class HermesCalls:
             value = json.loads(body)
         except ValueError:
             return None
-        if not isinstance(value, dict) or value.get("name") not in self.tool_names:
+        name = value.get("name") if isinstance(value, dict) else None
+        if not isinstance(name, str) or name not in self.tool_names:
             return None
         arguments = value.get("arguments", {})
         if isinstance(arguments, str):
@@ -115,7 +116,7 @@ class HermesCalls:
         else:
             return None
         return {"id": "call_" + new_id("")[1:25], "type": "function",
-                "function": {"name": value["name"], "arguments": arguments}}  # fmt: skip
+                "function": {"name": name, "arguments": arguments}}  # fmt: skip
 
 
 def _possible_opening(text: str) -> int:
