@@ -101,8 +101,9 @@ def as_wav(raw: bytes, param: str) -> bytes:
 
         samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
     except Exception as e:  # noqa: BLE001 - libsndfile's errors vary by format
+        reason = str(e).rsplit(": ", 1)[-1]  # past "Error opening <the buffer's repr>"
         raise bad_request(
-            f"{param}: not a readable audio file (WAV, MP3, FLAC or Ogg): {e}", param
+            f"{param}: not a readable audio file (WAV, MP3, FLAC or Ogg): {reason}", param
         ) from None
     if samples.shape[0] == 0:
         raise bad_request(f"{param}: the audio has no samples", param)
