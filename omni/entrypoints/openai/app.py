@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from omni.entrypoints.openai import chat, completions, speech, transcription
+from omni.entrypoints.openai import chat, completions, responses, speech, transcription
 from omni.entrypoints.openai.args import ServerArgs
 from omni.entrypoints.openai.context import Context
 from omni.entrypoints.openai.context import check_api_key as _auth
@@ -27,7 +27,12 @@ from omni.entrypoints.openai.errors import (
     from_validation_error,
 )
 from omni.entrypoints.openai.metrics import ENDPOINTS, ServerMetrics
-from omni.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, SpeechRequest
+from omni.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponsesRequest,
+    SpeechRequest,
+)
 from omni.entrypoints.openai.realtime import endpoint as realtime
 
 M = TypeVar("M", bound=BaseModel)
@@ -89,6 +94,11 @@ def build_app(async_omni: Any, args: ServerArgs) -> FastAPI:
         return await completions.create(
             ctx, request, await _parse(request, CompletionRequest, args)
         )
+
+    @app.post(responses.ENDPOINT)
+    async def responses_create(request: Request) -> Response:
+        _auth(request, args)
+        return await responses.create(ctx, request, await _parse(request, ResponsesRequest, args))
 
     @app.post("/v1/audio/speech")
     async def audio_speech(request: Request) -> Response:

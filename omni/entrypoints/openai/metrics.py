@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 ENDPOINTS = (
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/responses",
     "/v1/audio/speech",
     "/v1/audio/transcriptions",
     "/v1/audio/translations",

@@ -95,3 +95,50 @@ class SpeechRequest(_Strict):
     stream_format: Literal["audio", "sse"] = "audio"
     speed: float | None = Field(default=None, ge=0.25, le=4.0)
     instructions: str | None = None
+
+
+class ResponsesInputPart(_Strict):
+    """A content part of a Responses API input message."""
+
+    type: Literal["input_text", "output_text", "input_image"]
+    text: str | None = None
+    image_url: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+    annotations: list[Any] | None = None  # an earlier output's, sent back: ignored
+
+
+class ResponsesInputMessage(_Strict):
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ResponsesInputPart]
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponsesRequest(_Strict):
+    """POST /v1/responses (OpenAI's Responses API), text in and out (responses.py)."""
+
+    model: str
+    input: str | list[ResponsesInputMessage]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stream: bool | None = False
+    text: dict[str, Any] | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    # Served at their defaults only (a 400 naming the field otherwise, responses.py):
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    previous_response_id: str | None = None
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
+    background: bool | None = None
+    # omni extensions, as on chat
+    top_k: int | None = Field(default=None, ge=-1)
+    seed: int | None = None
+    cache_salt: str | None = Field(default=None, min_length=1)
