@@ -240,3 +240,39 @@ def test_auto_tool_choice_reads_the_models_calls(model_dir):
     assert reply.message.tool_calls is None and reply.finish_reason == "stop", reply
     assert "hello" in reply.message.content.lower(), reply.message.content
     assert info.value.body["param"] == "tool_choice", info.value.body
+
+
+def test_responses_api_function_call_round_trip(model_dir):
+    """/v1/responses with tools against the real model: shown one call, it calls get_weather
+    for Paris (a function_call item, no message); given the call's output back as input items,
+    it answers in text."""
+    import openai
+    from fastapi.testclient import TestClient
+
+    from omni import AsyncOmni
+    from omni.entrypoints.openai.app import build_app
+    from omni.entrypoints.openai.args import ServerArgs
+
+    flat = {"type": "function", **WEATHER_TOOL["function"]}
+    asked = [*FEW_SHOT[1:], {"role": "user", "content": "What is the weather in Paris?"}]
+    kwargs = dict(model="smol", instructions=FEW_SHOT[0]["content"], tools=[flat],
+                  max_output_tokens=40, temperature=0)  # fmt: skip
+    engine = AsyncOmni(model=model_dir, runtime={"backend": "local"}, **on_cpu("llm"))
+    try:
+        with TestClient(build_app(engine, ServerArgs("smol"))) as http:
+            client = openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http)
+            called = client.responses.create(input=asked, **kwargs)
+            (call,) = called.output
+            back = [*asked, {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                             "arguments": call.arguments},
+                    {"type": "function_call_output", "call_id": call.call_id,
+                     "output": '{"temperature_c": 21}'}]  # fmt: skip
+            answered = client.responses.create(input=back, **kwargs | {"tool_choice": "none"})
+    finally:
+        engine.shutdown()
+    assert (call.type, call.name, call.status) == ("function_call", "get_weather", "completed")
+    assert json.loads(call.arguments) == {"city": "Paris"} and call.call_id.startswith("call_")
+    assert called.status == "completed" and called.output_text == ""
+    (message,) = answered.output
+    assert message.type == "message" and answered.output_text.strip()
+    assert answered.usage.input_tokens > called.usage.input_tokens  # the call and its output

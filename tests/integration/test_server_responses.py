@@ -1,8 +1,9 @@
 """POST /v1/responses with the official `openai` client (`client.responses.create`, whole and
 streamed) against the tiny Qwen2 served in-process: the reply equals /v1/chat/completions' on the
 same messages (instructions as the system message; an input list of messages and parts), its
-`text.format` json_schema equals chat's response_format, and what is not served is a 400 naming
-the field."""
+`text.format` json_schema equals chat's response_format, a named tool_choice's call equals
+chat's, and what is not served is a 400 naming the field. A model that calls on its own:
+tests/integration/test_real_model.py."""
 
 from __future__ import annotations
 
@@ -86,11 +87,44 @@ def test_text_format_is_chats_structured_output(client):
         assert isinstance(json.loads(want)["n"], int)
 
 
+def test_a_named_tool_choice_is_chats_named_call(client):
+    parameters = {
+        "type": "object",
+        "properties": {"word": {"type": "string"}},
+        "required": ["word"],
+    }
+    flat = {"type": "function", "name": "lookup", "parameters": parameters}
+    got = client.responses.create(model=NAME, input="Look a word up.", max_output_tokens=MAX,
+                                  temperature=0, tools=[flat],
+                                  tool_choice={"type": "function", "name": "lookup"})  # fmt: skip
+    want = client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "Look a word up."}], max_tokens=MAX,
+        temperature=0, tools=[{"type": "function", "function": {k: v for k, v in flat.items()
+                                                                  if k != "type"}}],
+        tool_choice={"type": "function", "function": {"name": "lookup"}},
+    ).choices[0].message.tool_calls[0]  # fmt: skip
+    (call,) = got.output  # the reply is the call: no message
+    assert (call.type, call.name, call.arguments) == (
+        "function_call",
+        "lookup",
+        want.function.arguments,
+    )
+    events = list(client.responses.create(model=NAME, input="Look a word up.", stream=True,
+                                          max_output_tokens=MAX, temperature=0, tools=[flat],
+                                          tool_choice={"type": "function", "name": "lookup"}))  # fmt: skip
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert deltas == done.arguments == call.arguments
+    assert [i.type for i in events[-1].response.output] == ["function_call"]
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
+        ({"tools": [{"type": "function", "name": "a b"}]}, "tools[0].name"),
+        ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function",
+          "name": "g"}}, "tool_choice.name"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"oneOf": []}}}},
          "text.format.schema.oneOf"),

@@ -115,11 +115,32 @@ class ResponsesInputMessage(_Strict):
     status: str | None = None
 
 
+class ResponsesFunctionCall(_Strict):
+    """An earlier reply's function call, sent back as input."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponsesFunctionCallOutput(_Strict):
+    """The output of a function call, for the model to read."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+    id: str | None = None
+    status: str | None = None
+
+
 class ResponsesRequest(_Strict):
     """POST /v1/responses (OpenAI's Responses API), text in and out (responses.py)."""
 
     model: str
-    input: str | list[ResponsesInputMessage]
+    input: str | list[ResponsesInputMessage | ResponsesFunctionCall | ResponsesFunctionCallOutput]
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)

@@ -1,18 +1,18 @@
-"""POST /v1/responses: OpenAI's Responses API, text in and text out.
+"""POST /v1/responses: OpenAI's Responses API, text in and out, with function calls.
 
-`input` is a string (one user message) or a list of messages (`input_text`, `input_image` parts;
-an assistant's earlier `output_text`), `instructions` the system message; they are framed as
-/v1/chat/completions frames messages and run to the text stage (the talker and vocoder never
-run). `text.format` takes chat's response formats (`json_object`, `json_schema` with its schema
-inline: structured output). The reply is one `message` output item with one `output_text` part;
-streamed, it comes as the API's events: `response.created`, `response.in_progress`,
-`response.output_item.added`, `response.content_part.added`, `response.output_text.delta` per
-piece, `response.output_text.done`, `response.content_part.done`, `response.output_item.done`,
-then `response.completed` (or `response.incomplete` when `max_output_tokens` cut it), each with
-its `sequence_number`.
+`input` is a string (one user message) or a list of items: messages (`input_text`, `input_image`
+parts; an assistant's earlier `output_text`), earlier `function_call`s and their
+`function_call_output`s; `instructions` is the system message. They are framed as
+/v1/chat/completions frames messages (calls as an assistant's tool calls, outputs as tool
+messages) and run to the text stage (the talker and vocoder never run). `text.format` takes
+chat's response formats (`json_object`, `json_schema` with its schema inline: structured
+output). `tools` (the API's flat form) and `tool_choice` work as chat's: "auto" reads the reply
+for calls, "required" or a named function makes it one call (flat_tools.py). The output items
+and the streamed events are responses_output.py's; the stream ends with `response.completed` (or
+`response.incomplete` when `max_output_tokens` cut it).
 
-Nothing is stored (`store` is accepted and ignored), so `previous_response_id` is refused, as are
-tools, reasoning, `include` and background mode: each a 400 naming the field.
+Nothing is stored (`store` is accepted and ignored), so `previous_response_id` is refused, as
+are reasoning, `include` and background mode: each a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -28,13 +28,19 @@ from starlette.requests import Request
 from omni.entrypoints.openai import sampling, streaming
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request, from_exception
+from omni.entrypoints.openai.flat_tools import checked_call
 from omni.entrypoints.openai.prompts import chat_prompt
-from omni.entrypoints.openai.protocol import ResponsesRequest
+from omni.entrypoints.openai.protocol import (
+    ResponsesFunctionCall,
+    ResponsesFunctionCallOutput,
+    ResponsesRequest,
+)
+from omni.entrypoints.openai.responses_output import ResponseOutput
+from omni.entrypoints.openai.tools import ToolCall
 from omni.entrypoints.snapshot_cursor import SnapshotCursor
 from omni.messages import OmniOutput
 
 ENDPOINT = "/v1/responses"
-_PART_TYPES = {"input_text": "text", "output_text": "text", "input_image": "image_url"}
 
 
 def messages_of(body: ResponsesRequest) -> list[dict[str, Any]]:
@@ -44,12 +50,22 @@ def messages_of(body: ResponsesRequest) -> list[dict[str, Any]]:
         out.append({"role": "system", "content": body.instructions})
     if isinstance(body.input, str):
         return [*out, {"role": "user", "content": body.input}]
-    for i, message in enumerate(body.input):
-        if isinstance(message.content, str):
-            out.append({"role": message.role, "content": message.content})
+    for i, item in enumerate(body.input):
+        if isinstance(item, ResponsesFunctionCallOutput):
+            out.append({"role": "tool", "content": item.output, "tool_call_id": item.call_id})
+            continue
+        if isinstance(item, ResponsesFunctionCall):  # joins the assistant's turn before it
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}  # fmt: skip
+            if not out or out[-1]["role"] != "assistant":
+                out.append({"role": "assistant", "content": None})
+            out[-1]["tool_calls"] = [*out[-1].get("tool_calls", []), call]
+            continue
+        if isinstance(item.content, str):
+            out.append({"role": item.role, "content": item.content})
             continue
         parts = []
-        for j, part in enumerate(message.content):
+        for j, part in enumerate(item.content):
             param = f"input[{i}].content[{j}]"
             field = "image_url" if part.type == "input_image" else "text"
             value = getattr(part, field)
@@ -59,15 +75,13 @@ def messages_of(body: ResponsesRequest) -> list[dict[str, Any]]:
                 parts.append({"type": "image_url", "image_url": {"url": value}})
             else:
                 parts.append({"type": "text", "text": value})
-        out.append({"role": message.role, "content": parts})
+        out.append({"role": item.role, "content": parts})
     return out
 
 
 async def create(ctx: Context, request: Request, body: ResponsesRequest) -> Response:
     ctx.check_model(body.model)
     for name, served in (
-        ("tools", not body.tools),
-        ("tool_choice", body.tool_choice in (None, "none", "auto")),
         ("previous_response_id", body.previous_response_id is None),
         ("reasoning", not body.reasoning),
         ("include", not body.include),
@@ -75,8 +89,7 @@ async def create(ctx: Context, request: Request, body: ResponsesRequest) -> Resp
     ):
         if not served:
             raise bad_request(
-                f"{name}: not supported by omni's /v1/responses (text in and out, nothing "
-                "stored); use /v1/chat/completions for tools",
+                f"{name}: not supported by omni's /v1/responses (text in and out, nothing stored)",
                 name,
                 "unsupported_value",
             )
@@ -96,6 +109,15 @@ async def create(ctx: Context, request: Request, body: ResponsesRequest) -> Resp
             param = (error.param or "").replace("response_format.json_schema", "text.format")
             raise bad_request(error.message.replace("response_format.json_schema", "text.format"),
                               param.replace("response_format", "text.format")) from None  # fmt: skip
+    call = checked_call(ctx, body.tools or [], body.tool_choice, "") if body.tools else None
+    if call is not None and call.json_schema is not None:
+        if json_schema is not None:
+            raise bad_request(
+                "text.format: a named or required tool_choice makes the reply the call; leave "
+                "text.format out (or {'type': 'text'})",
+                "text.format",
+            )
+        json_schema = call.json_schema
     plan = sampling.plan(
         ctx.async_omni,
         text_stage,
@@ -109,10 +131,11 @@ async def create(ctx: Context, request: Request, body: ResponsesRequest) -> Resp
         until_end=True,
         default_max_tokens=ctx.args.max_tokens,
     )
-    prompt = chat_prompt(ctx.async_omni.prompt_processor, messages_of(body), ctx.args)
+    tools = None if call is None else call.tools
+    prompt = chat_prompt(ctx.async_omni.prompt_processor, messages_of(body), ctx.args, tools)
     if body.cache_salt is not None:
         prompt["cache_salt"] = body.cache_salt
-    reply = Reply(ctx, body, text_stage)
+    reply = Reply(ctx, body, text_stage, call)
     prepared = await streaming.prepare(ctx.async_omni, prompt, reply.id)
     sampling.check_context(
         ctx.async_omni, text_stage, prepared, body.max_output_tokens, "max_output_tokens"
@@ -133,34 +156,38 @@ async def create(ctx: Context, request: Request, body: ResponsesRequest) -> Resp
 class Reply:
     """One response: its object, whole or as the stream's events."""
 
-    def __init__(self, ctx: Context, body: ResponsesRequest, text_stage: str) -> None:
+    def __init__(
+        self, ctx: Context, body: ResponsesRequest, text_stage: str, call: ToolCall | None
+    ) -> None:
         self.ctx, self.body, self.text_stage = ctx, body, text_stage
+        self.output = ResponseOutput(call)
         self.id = new_id("resp").replace("-", "_")
-        self.item_id = new_id("msg").replace("-", "_")
         self.created_at = int(time.time())
-        self.sequence_number = 0
 
-    def whole(self, out: OmniOutput | None, text: str = "", status: str | None = None) -> dict:
-        """The response object: in progress (out None), or finished with `out`."""
-        if out is not None:
-            text = SnapshotCursor(self.text_stage).text(out)
-            cut = streaming.finish_reason(out, self.text_stage) == "length"
-            status = "incomplete" if cut else "completed"
-        status = status or "in_progress"
-        output = (
-            []
-            if out is None
-            else [self._item(text, "completed" if status == "completed" else "incomplete")]
-        )
-        counts = streaming.usage(self.ctx.async_omni, out, self.text_stage) if out else None
+    def whole(self, out: OmniOutput) -> dict[str, Any]:
+        """The finished response object (its text read as one piece)."""
+        self.output.add(SnapshotCursor(self.text_stage).text(out), whole=True)
+        self.output.finish(self._completed(out))  # the items' final status; no events sent
+        return self._object(out, self._status(out))
+
+    def _completed(self, out: OmniOutput) -> bool:
+        return streaming.finish_reason(out, self.text_stage) != "length"
+
+    def _status(self, out: OmniOutput) -> str:
+        return "completed" if self._completed(out) else "incomplete"
+
+    def _object(self, out: OmniOutput | None, status: str = "in_progress") -> dict[str, Any]:
+        counts = None if out is None else streaming.usage(self.ctx.async_omni, out, self.text_stage)
         body = self.body
         return {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
-            "model": self.ctx.args.model_name, "output": output, "error": None,
+            "model": self.ctx.args.model_name, "error": None,
+            "output": [] if out is None else [dict(item) for item in self.output.items],
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "temperature": body.temperature, "top_p": body.top_p, "metadata": body.metadata or {},
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "store": False,
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "tool_choice": body.tool_choice or "auto", "tools": body.tools or [], "store": False,
             "text": body.text or {"format": {"type": "text"}}, "truncation": body.truncation or "disabled",
             "previous_response_id": None, "reasoning": None, "user": body.user,
             "usage": None if counts is None else {
@@ -171,48 +198,27 @@ class Reply:
                 "total_tokens": counts["total_tokens"]},
         }  # fmt: skip
 
-    def _item(self, text: str, status: str) -> dict[str, Any]:
-        part = {"type": "output_text", "text": text, "annotations": []}
-        return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
-                "content": [part]}  # fmt: skip
-
-    def _event(self, kind: str, **fields: Any) -> bytes:
-        event = {"type": kind, "sequence_number": self.sequence_number, **fields}
-        self.sequence_number += 1
-        return streaming.sse(event)
-
     async def events(self, outputs: Any, timer: Any) -> AsyncIterator[bytes]:
         """The streamed events; a failure after the status was sent is an `error` event."""
-        where = {"item_id": self.item_id, "output_index": 0}
-        cursor, last, ok = SnapshotCursor(self.text_stage), None, False
+        output, cursor, last, ok = self.output, SnapshotCursor(self.text_stage), None, False
         try:
-            yield self._event("response.created", response=self.whole(None))
-            yield self._event("response.in_progress", response=self.whole(None))
-            yield self._event("response.output_item.added", output_index=0,
-                              item=self._item("", "in_progress"))  # fmt: skip
-            empty = {"type": "output_text", "text": "", "annotations": []}
-            yield self._event("response.content_part.added", **where, content_index=0, part=empty)
+            yield output.event("response.created", response=self._object(None))
+            yield output.event("response.in_progress", response=self._object(None))
             async with contextlib.aclosing(outputs) as snapshots:
                 async for last in snapshots:
                     timer.output()
                     piece = cursor.advance(streaming.check(last) if last.finished else last).text
                     if piece:
                         timer.first_token()
-                        yield self._event("response.output_text.delta", **where,
-                                          content_index=0, delta=piece, logprobs=[])  # fmt: skip
+                    for event in output.add(piece):
+                        yield event
             out = streaming.check(last)
-            final = self.whole(out)
-            item = final["output"][0]
-            text = item["content"][0]["text"]
-            yield self._event("response.output_text.done", **where, content_index=0, text=text,
-                              logprobs=[])  # fmt: skip
-            yield self._event("response.content_part.done", **where, content_index=0,
-                              part=item["content"][0])  # fmt: skip
-            yield self._event("response.output_item.done", output_index=0, item=item)
-            kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+            for event in output.add("", whole=True) + output.finish(self._completed(out)):
+                yield event
+            status = self._status(out)
             ok = True
-            yield self._event(kind, response=final)
+            yield output.event(f"response.{status}", response=self._object(out, status))
         except Exception as e:  # noqa: BLE001 - the status is sent: report in the stream
-            yield self._event("error", **from_exception(e).body()["error"])
+            yield output.event("error", **from_exception(e).body()["error"])
         finally:
             timer.done(ok=ok)

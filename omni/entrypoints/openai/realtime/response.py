@@ -32,6 +32,7 @@ import numpy as np
 from omni.entrypoints.openai import audio_encoding, sampling, streaming
 from omni.entrypoints.openai.context import Context
 from omni.entrypoints.openai.errors import OpenAIError, from_exception
+from omni.entrypoints.openai.flat_tools import checked_call
 from omni.entrypoints.openai.realtime.context_window import fit
 from omni.entrypoints.openai.realtime.conversation import Conversation, Item, Part
 from omni.entrypoints.openai.realtime.function_calls import FunctionCalls
@@ -42,7 +43,6 @@ from omni.entrypoints.openai.realtime.session_state import (
     SAMPLE_RATE,
     ResponseSettings,
 )
-from omni.entrypoints.openai.realtime.session_tools import checked_call
 from omni.entrypoints.snapshot_cursor import SnapshotCursor
 from omni.messages import OmniOutput
 

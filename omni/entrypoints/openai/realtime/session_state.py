@@ -17,8 +17,8 @@ from typing import Any
 
 from omni.entrypoints.openai.context import Context
 from omni.entrypoints.openai.errors import bad_request
+from omni.entrypoints.openai.flat_tools import checked_call
 from omni.entrypoints.openai.realtime import events
-from omni.entrypoints.openai.realtime.session_tools import checked_call
 
 SAMPLE_RATE = 24000
 """Input and output audio: pcm16, 24 kHz, mono."""
