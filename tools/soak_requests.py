@@ -14,6 +14,7 @@ are in tools/soak_audio_text.py, the last two in tools/soak_misbehave.py):
   chat_json          chat_text with a json_schema `response_format`: JSON of it, as its reference
   transcription      /v1/audio/transcriptions of the prompt's WAV (variant: streamed or not)
   chat_tools         chat_text with a tool, tool_choice "auto": content and calls as its reference
+  responses          /v1/responses of the prompt (variant: streamed or not): must answer as chat_text
   disconnect         the client leaves mid-request (four ways, see `soak_misbehave.disconnect`)
   bad                a malformed request: must be answered with its 4xx naming the field
 
@@ -41,11 +42,12 @@ MODEL = "tiny-omni"
 VOICES = ("Ethan", "Chelsie")
 KINDS = {  # kind -> share of the requests
     "chat_text": 0.08, "chat_choices": 0.05, "chat_json": 0.05, "chat_audio_in": 0.08,
-    "chat_audio_stream": 0.12, "speech": 0.08, "completions": 0.10, "cache_salt": 0.08,
-    "transcription": 0.06, "chat_tools": 0.05, "disconnect": 0.10, "bad": 0.15,
+    "chat_audio_stream": 0.11, "speech": 0.07, "completions": 0.09, "cache_salt": 0.07,
+    "transcription": 0.06, "chat_tools": 0.05, "responses": 0.05, "disconnect": 0.09,
+    "bad": 0.15,
 }  # fmt: skip
 REFERENCE_KIND = {kind: kind for kind in KINDS if kind not in ("disconnect", "bad")} | {
-    "cache_salt": "chat_text", "chat_choices": "chat_text"}  # fmt: skip
+    "cache_salt": "chat_text", "chat_choices": "chat_text", "responses": "chat_text"}  # fmt: skip
 """Kind -> the kind whose reference its answer must equal (disconnect and bad have none)."""
 JSON_FORMAT: dict[str, Any] = {"type": "json_schema", "json_schema": {"name": "fact", "schema": {
     "type": "object", "properties": {"subject": {"type": "string"}, "n": {"type": "integer"}},
@@ -152,7 +154,7 @@ class Sender:
     """Sends jobs with one AsyncOpenAI client; max_tokens caps chats and completions, not speech."""
 
     def __init__(self, client: openai.AsyncOpenAI, max_tokens: int) -> None:
-        from tools.soak_audio_text import chat_tools, transcription  # they build on this class
+        from tools.soak_audio_text import chat_tools, responses, transcription  # build on this
         from tools.soak_misbehave import bad, disconnect
 
         self.client = client
@@ -168,6 +170,7 @@ class Sender:
             "completions": self._completions,
             "transcription": lambda job: transcription(self, job),
             "chat_tools": lambda job: chat_tools(self, job),
+            "responses": lambda job: responses(self, job),
             "disconnect": lambda job: disconnect(self, job),
             "bad": lambda job: bad(self, job),
         }
