@@ -3,7 +3,7 @@ streamed) against the tiny Qwen2 served in-process: the reply equals /v1/chat/co
 same messages (instructions as the system message; an input list of messages and parts), its
 `text.format` json_schema equals chat's response_format, a named tool_choice's call equals
 chat's, and what is not served is a 400 naming the field. A model that calls on its own:
-tests/integration/test_real_model.py."""
+tests/integration/test_real_model.py. Also vLLM's /tokenize and /detokenize."""
 
 from __future__ import annotations
 
@@ -24,13 +24,18 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required"
 
 
 @pytest.fixture(scope="module")
-def client(qwen2_dir):
+def http(qwen2_dir):
     engine = AsyncOmni(model=qwen2_dir, runtime={"backend": "local"}, **on_cpu("llm"))
     try:
-        with TestClient(build_app(engine, ServerArgs(NAME))) as http:
-            yield openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http)
+        with TestClient(build_app(engine, ServerArgs(NAME))) as test_client:
+            yield test_client
     finally:
         engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(http):
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http)
 
 
 def _chat(client, messages, **kwargs) -> tuple[str, object]:
@@ -136,3 +141,24 @@ def test_what_is_not_served_is_a_400_naming_the_field(client, extra, param):
     with pytest.raises(openai.APIStatusError) as info:
         client.responses.create(**({"model": NAME, "input": "Hi."} | extra))
     assert info.value.body["param"] == param, info.value.body
+
+
+def test_tokenize_and_detokenize_as_vllm(http, client):
+    """vLLM's /tokenize (a prompt, or messages framed as chat frames them) and /detokenize."""
+    messages = [{"role": "user", "content": "Hi."}]
+    chat = client.chat.completions.create(model=NAME, messages=messages, max_tokens=1)
+    framed = http.post("/tokenize", json={"model": NAME, "messages": messages}).json()
+    assert framed["count"] == len(framed["tokens"]) == chat.usage.prompt_tokens
+    plain = http.post("/tokenize", json={"prompt": "Hi there.", "add_special_tokens": False}).json()
+    back = http.post("/detokenize", json={"model": NAME, "tokens": plain["tokens"]}).json()
+    assert back == {"prompt": "Hi there."} and plain["max_model_len"] > 0
+    for path, body, param in [
+        ("/tokenize", {"prompt": "a", "messages": messages}, "prompt"),
+        ("/tokenize", {"model": "other", "prompt": "a"}, "model"),
+        ("/detokenize", {"tokens": [10**9]}, "tokens[0]"),
+        ("/detokenize", {"tokens": [-1]}, "tokens[0]"),
+    ]:
+        reply = http.post(path, json=body)
+        assert reply.status_code in (400, 404) and reply.json()["error"]["param"] == param, (
+            reply.text
+        )

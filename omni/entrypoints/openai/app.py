@@ -16,7 +16,14 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from omni.entrypoints.openai import chat, completions, responses, speech, transcription
+from omni.entrypoints.openai import (
+    chat,
+    completions,
+    responses,
+    speech,
+    tokenize,
+    transcription,
+)
 from omni.entrypoints.openai.args import ServerArgs
 from omni.entrypoints.openai.context import Context
 from omni.entrypoints.openai.context import check_api_key as _auth
@@ -30,8 +37,10 @@ from omni.entrypoints.openai.metrics import ENDPOINTS, ServerMetrics
 from omni.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     ResponsesRequest,
     SpeechRequest,
+    TokenizeRequest,
 )
 from omni.entrypoints.openai.realtime import endpoint as realtime
 
@@ -94,6 +103,18 @@ def build_app(async_omni: Any, args: ServerArgs) -> FastAPI:
         return await completions.create(
             ctx, request, await _parse(request, CompletionRequest, args)
         )
+
+    @app.post("/tokenize")
+    async def tokenize_prompt(request: Request) -> Response:
+        _auth(request, args)
+        body = await _parse(request, TokenizeRequest, args)
+        return JSONResponse(await tokenize.tokenize(ctx, body))
+
+    @app.post("/detokenize")
+    async def detokenize_ids(request: Request) -> Response:
+        _auth(request, args)
+        body = await _parse(request, DetokenizeRequest, args)
+        return JSONResponse(await tokenize.detokenize(ctx, body))
 
     @app.post(responses.ENDPOINT)
     async def responses_create(request: Request) -> Response:

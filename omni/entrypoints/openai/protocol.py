@@ -7,7 +7,7 @@ formats, n) are done by the endpoints, so that their messages can list the valid
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -163,3 +163,20 @@ class ResponsesRequest(_Strict):
     top_k: int | None = Field(default=None, ge=-1)
     seed: int | None = None
     cache_salt: str | None = Field(default=None, min_length=1)
+
+
+class TokenizeRequest(_Strict):
+    """POST /tokenize (vLLM's): a text prompt, or chat messages framed as chat frames them."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+
+
+class DetokenizeRequest(_Strict):
+    """POST /detokenize (vLLM's): token ids back to text."""
+
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]
