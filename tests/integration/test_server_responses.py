@@ -131,6 +131,7 @@ def test_a_named_tool_choice_is_chats_named_call(client):
         ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function",
           "name": "g"}}, "tool_choice.name"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"oneOf": []}}}},
          "text.format.schema.oneOf"),
         ({"max_output_tokens": 0}, "max_output_tokens"),

@@ -27,7 +27,7 @@ from starlette.requests import Request
 
 from omni.entrypoints.openai import sampling, streaming
 from omni.entrypoints.openai.context import Context, new_id
-from omni.entrypoints.openai.errors import bad_request, from_exception
+from omni.entrypoints.openai.errors import OpenAIError, bad_request, from_exception
 from omni.entrypoints.openai.flat_tools import checked_call
 from omni.entrypoints.openai.prompts import chat_prompt
 from omni.entrypoints.openai.protocol import (
@@ -104,12 +104,15 @@ async def create(ctx: Context, request: Request, body: ResponsesRequest) -> Resp
             }
         try:
             json_schema = sampling.json_schema_of(fmt)
-        except Exception as e:
-            error = from_exception(e)
-            param = (error.param or "").replace("response_format.json_schema", "text.format")
-            raise bad_request(error.message.replace("response_format.json_schema", "text.format"),
-                              param.replace("response_format", "text.format")) from None  # fmt: skip
-    call = checked_call(ctx, body.tools or [], body.tool_choice, "") if body.tools else None
+        except OpenAIError as e:  # named as this API names the field
+
+            def renamed(text: str) -> str:
+                return text.replace("response_format.json_schema", "text.format").replace(
+                    "response_format", "text.format"
+                )
+
+            raise bad_request(renamed(e.message), renamed(e.param or "")) from None
+    call = checked_call(ctx, body.tools or [], body.tool_choice, "")
     if call is not None and call.json_schema is not None:
         if json_schema is not None:
             raise bad_request(

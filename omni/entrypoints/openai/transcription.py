@@ -51,6 +51,12 @@ FIELDS = {
 _LANGUAGE = re.compile(r"[a-z]{2}")
 
 
+def check_language(language: str | None, param: str) -> None:
+    """A 400 naming `param` unless `language` is None or an ISO-639-1 code."""
+    if language is not None and not _LANGUAGE.fullmatch(language):
+        raise bad_request(f"{param}: an ISO-639-1 code (e.g. 'en'), got {language!r}", param)
+
+
 def instruction(translate: bool, language: str | None, prompt: str | None) -> str:
     """What the model is asked to do with the audio."""
     if translate:
@@ -107,8 +113,7 @@ async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> 
     if _value(field, "chunking_strategy") not in (None, "auto"):
         raise bad_request("chunking_strategy: only 'auto' is supported", "chunking_strategy")
     language = _value(field, "language")
-    if language is not None and not _LANGUAGE.fullmatch(language):
-        raise bad_request(f"language: an ISO-639-1 code (e.g. 'en'), got {language!r}", "language")
+    check_language(language, "language")
     stream = _flag(field, "stream")
     ask = instruction(endpoint == TRANSLATE, language, _value(field, "prompt"))
     plan = sampling.plan(
@@ -146,7 +151,7 @@ async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> 
         transcript.add(index, out)
     if response_format == "text":
         return PlainTextResponse(transcript.text)
-    return JSONResponse({"text": transcript.text, "usage": _usage(ctx, outs)})
+    return JSONResponse({"text": transcript.text, "usage": usage(ctx, outs)})
 
 
 class Transcript:
@@ -196,7 +201,7 @@ async def _events(ctx: Context, runs: list[Any], timer: Any) -> AsyncIterator[by
                     timer.first_token()
                     yield streaming.sse({"type": "transcript.text.delta", "delta": new})
         outs = [streaming.check(last) for last in transcript.lasts]
-        done = {"type": "transcript.text.done", "text": transcript.text, "usage": _usage(ctx, outs)}
+        done = {"type": "transcript.text.done", "text": transcript.text, "usage": usage(ctx, outs)}
         ok = True
         yield streaming.sse(done)
     except Exception as e:  # noqa: BLE001 - the status is sent: report in the stream
@@ -205,7 +210,8 @@ async def _events(ctx: Context, runs: list[Any], timer: Any) -> AsyncIterator[by
         timer.done(ok=ok)
 
 
-def _usage(ctx: Context, outs: list[OmniOutput]) -> dict[str, Any]:
+def usage(ctx: Context, outs: list[OmniOutput]) -> dict[str, Any]:
+    """The token usage of a transcription's requests (its pieces), as OpenAI's `tokens` usage."""
     each = [streaming.usage(ctx.async_omni, out, ctx.text_stage()) for out in outs]
     inputs, outputs = (sum(c[key] for c in each) for key in ("prompt_tokens", "completion_tokens"))
     return {"type": "tokens", "input_tokens": inputs, "output_tokens": outputs,

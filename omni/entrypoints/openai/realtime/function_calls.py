@@ -32,7 +32,6 @@ class FunctionCalls:
 
     def __init__(self, call: ToolCall, response_id: str, conversation: Conversation) -> None:
         self.cursor: CallCursor | HermesCalls = call.cursor()
-        self.forced = call.json_schema is not None  # the whole reply is one call
         self.response_id = response_id
         self.conversation = conversation
         self.items: list[Item] = []
@@ -73,9 +72,6 @@ class FunctionCalls:
                              name=item.name, arguments=item.arguments))  # fmt: skip
             await send(self._item_event("response.output_item.done", index))
             await send(event("conversation.item.done", item=item.to_dict()))
-
-    def finish_reason(self, reason: str) -> str:
-        return self.cursor.finish_reason(reason)
 
     def _where(self, index: int) -> dict[str, Any]:
         item = self.items[index]

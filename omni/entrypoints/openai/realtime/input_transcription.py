@@ -20,7 +20,7 @@ from omni.entrypoints.openai.errors import from_exception
 from omni.entrypoints.openai.realtime import events, input_audio
 from omni.entrypoints.openai.realtime.conversation import Item
 from omni.entrypoints.openai.realtime.server_events import event, make_id
-from omni.entrypoints.openai.transcription import instruction
+from omni.entrypoints.openai.transcription import instruction, usage
 from omni.entrypoints.snapshot_cursor import SnapshotCursor
 
 MAX_TRANSCRIPT_TOKENS = 448
@@ -63,11 +63,8 @@ async def transcribe(
                 if piece:
                     await send(event(f"{KIND}.delta", **where, delta=piece))
         out = streaming.check(last)
-        counts = streaming.usage(ctx.async_omni, out, text_stage)
         part.text = cursor.text(out)
-        usage = {"type": "tokens", "input_tokens": counts["prompt_tokens"],
-                 "output_tokens": counts["completion_tokens"],
-                 "total_tokens": counts["total_tokens"]}  # fmt: skip
-        await send(event(f"{KIND}.completed", **where, transcript=part.text, usage=usage))
+        await send(event(f"{KIND}.completed", **where, transcript=part.text,
+                         usage=usage(ctx, [out])))  # fmt: skip
     except Exception as e:  # noqa: BLE001 - the turn goes on without its transcript
         await send(event(f"{KIND}.failed", **where, error=from_exception(e).body()["error"]))

@@ -19,6 +19,7 @@ from omni.entrypoints.openai.context import Context
 from omni.entrypoints.openai.errors import bad_request
 from omni.entrypoints.openai.flat_tools import checked_call
 from omni.entrypoints.openai.realtime import events
+from omni.entrypoints.openai.transcription import check_language
 
 SAMPLE_RATE = 24000
 """Input and output audio: pcm16, 24 kHz, mono."""
@@ -252,14 +253,7 @@ def _check_transcription(ctx: Context, transcription: events.Transcription) -> N
         raise bad_request(
             f"{param}: {ctx.args.model_name!r} takes no audio input", param, "unsupported_value"
         )
-    language = transcription.language
-    if language is not None and not (
-        len(language) == 2 and language.isascii() and language.isalpha() and language.islower()
-    ):
-        raise bad_request(
-            f"{param}.language: an ISO-639-1 code (e.g. 'en'), got {language!r}",
-            f"{param}.language",
-        )
+    check_language(transcription.language, f"{param}.language")
 
 
 def _tools(
