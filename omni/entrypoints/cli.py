@@ -7,7 +7,7 @@
     omni validate [CONFIG] [--model DIR] [--set KEY=VALUE ...] [--var NAME=VALUE ...] [--num-gpus N]
     omni serve [CONFIG] [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
                [--api-key KEY] [--set ...] [--var ...] [--allowed-local-media-path DIR]
-               [--allow-remote-media] [--max-tokens N] [--tool-call-parser hermes|none]
+               [--allow-remote-media] [--max-tokens N] [--tool-call-parser NAME]
 
 `--model DIR` is `--var MODEL=DIR` (configs say `model: ${MODEL}/thinker`). `--set` overrides any
 config key by its path, stages by name: `--set stages.thinker.engine.num_blocks=512`
@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 from omni.config import ConfigError, OmniConfig, config_for_model, load_config
 from omni.config.devices import describe_plan, plan_gpus
+from omni.entrypoints.openai.args import TOOL_CALL_PARSERS
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -112,10 +113,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--tool-call-parser",
-        choices=("hermes", "none"),
+        choices=TOOL_CALL_PARSERS,
         default="hermes",
-        help="how replies with tool_choice 'auto' are read for calls (default hermes: "
-        "<tool_call>JSON</tool_call>, as Qwen writes them; none: 'auto' is refused)",
+        help="how replies with tool_choice 'auto' are read for calls: hermes (default, Qwen's "
+        "<tool_call>JSON</tool_call>), llama3_json, pythonic (Llama's); none: 'auto' is refused",
     )
     serve.add_argument(
         "--allowed-local-media-path",

@@ -276,3 +276,61 @@ def test_responses_api_function_call_round_trip(model_dir):
     (message,) = answered.output
     assert message.type == "message" and answered.output_text.strip()
     assert answered.usage.input_tokens > called.usage.input_tokens  # the call and its output
+
+
+LLAMA_FORMS = {
+    "llama3_json": ('answer with {"name": NAME, "parameters": {...}}',
+                    '{"name": "get_weather", "parameters": {"city": "Rome"}}'),
+    "pythonic": ("answer with [NAME(ARG=VALUE)]", '[get_weather(city="Rome")]'),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("parser", sorted(LLAMA_FORMS))
+def test_llama_forms_of_calls_are_read(model_dir, parser):
+    """`--tool-call-parser llama3_json` / `pythonic` against the real model, shown one call in
+    that form: asked for the weather its reply is the call (whole, and streamed as one
+    tool_calls delta with no content); asked to greet, its text streams as content."""
+    import openai
+    from fastapi.testclient import TestClient
+
+    from omni import AsyncOmni
+    from omni.entrypoints.openai.app import build_app
+    from omni.entrypoints.openai.args import ServerArgs
+
+    how, shown = LLAMA_FORMS[parser]
+    system = f"You can call functions. To call one, {how}.\nFunctions: get_weather(city: string)."
+    shots = [{"role": "system", "content": system},
+             {"role": "user", "content": "What is the weather in Rome?"},
+             {"role": "assistant", "content": shown}]  # fmt: skip
+    weather = shots + [{"role": "user", "content": "What is the weather in Paris?"}]
+    hello = shots + [{"role": "user", "content": "Say hello."}]
+    kwargs = dict(model="smol", tools=[WEATHER_TOOL], max_tokens=40, temperature=0)
+    engine = AsyncOmni(model=model_dir, runtime={"backend": "local"}, **on_cpu("llm"))
+    try:
+        with TestClient(build_app(engine, ServerArgs("smol", tool_call_parser=parser))) as http:
+            client = openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http)
+            called = client.chat.completions.create(messages=weather, **kwargs)
+            chunks = list(client.chat.completions.create(messages=weather, stream=True, **kwargs))
+            answered = client.chat.completions.create(messages=hello, **kwargs)
+            greeted = list(client.chat.completions.create(messages=hello, stream=True, **kwargs))
+    finally:
+        engine.shutdown()
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == ""
+    (streamed,) = [t for d in deltas for t in d.tool_calls or []]
+    assert (streamed.function.name, streamed.function.arguments) == (
+        "get_weather",
+        call.function.arguments,
+    )
+    reply = answered.choices[0]
+    assert reply.message.tool_calls is None and reply.finish_reason == "stop", reply
+    assert "hello" in reply.message.content.lower(), reply.message.content
+    pieces = [
+        c.choices[0].delta.content for c in greeted if c.choices and c.choices[0].delta.content
+    ]
+    assert len(pieces) > 1 and "".join(pieces) == reply.message.content  # streamed as it came

@@ -38,6 +38,8 @@ def test_serve_config_errors_exit_2(tmp_path, capsys, qwen2_dir):
         main(["serve", "--model", qwen2_dir, "--tool-call-parser", "llama3"])
     assert exit_info.value.code == 2
     assert "--tool-call-parser: invalid choice: 'llama3'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="tool_call_parser must be one of .* got 'mistral'"):
+        ServerArgs("m", tool_call_parser="mistral")
 
 
 def _error(body: dict) -> dict:

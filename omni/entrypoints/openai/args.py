@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic", "none")
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,16 @@ class ServerArgs:
     context, as OpenAI's API does (the stage config's max_tokens is the Python API's default)."""
     tool_call_parser: str = "hermes"
     """How a reply with tool_choice "auto" is read for calls (--tool-call-parser): "hermes"
-    (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, as Qwen writes them), or "none"
-    ("auto" is refused)."""
+    (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, as Qwen writes them),
+    "llama3_json" (`{"name": ..., "parameters": ...}`) or "pythonic" (`[f(a=1)]`), as Llama
+    writes them (omni/entrypoints/openai/tools.py), or "none" ("auto" is refused)."""
     max_body_bytes: int = MAX_BODY_BYTES
     media_timeout_s: float = 10.0
     max_media_bytes: int = 20 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"ServerArgs.tool_call_parser must be one of {list(TOOL_CALL_PARSERS)}, "
+                f"got {self.tool_call_parser!r}"
+            )

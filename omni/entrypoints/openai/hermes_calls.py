@@ -94,29 +94,43 @@ class HermesCalls:
     def finish_reason(self, reason: str) -> str:
         return "tool_calls" if self.calls and reason == "stop" else reason
 
+    @property
+    def started(self) -> bool:
+        """Whether a call has begun (a block is open, or one was read)."""
+        return bool(self.calls) or self.in_block
+
     def _call(self, body: str) -> dict[str, Any] | None:
         """The call a block's body makes (None: not a call of one of the tools)."""
         try:
             value = json.loads(body)
         except ValueError:
             return None
-        name = value.get("name") if isinstance(value, dict) else None
-        if not isinstance(name, str) or name not in self.tool_names:
+        return call_entry(value, self.tool_names)
+
+
+def call_entry(
+    value: Any, tool_names: set[str], keys: tuple[str, ...] = ("arguments",)
+) -> dict[str, Any] | None:
+    """A `tool_calls` entry of a parsed call `{"name": ..., <key>: {...}}` (the first of `keys`
+    present; absent: no arguments), its arguments an object or the JSON text of one; None when
+    `value` is no call of one of the tools."""
+    name = value.get("name") if isinstance(value, dict) else None
+    if not isinstance(name, str) or name not in tool_names:
+        return None
+    arguments: Any = next((value[key] for key in keys if key in value), {})
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
             return None
-        arguments = value.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                parsed = json.loads(arguments)
-            except ValueError:
-                return None
-            if not isinstance(parsed, dict):
-                return None
-        elif isinstance(arguments, dict):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        else:
+        if not isinstance(parsed, dict):
             return None
-        return {"id": "call_" + new_id("")[1:25], "type": "function",
-                "function": {"name": name, "arguments": arguments}}  # fmt: skip
+    elif isinstance(arguments, dict):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    else:
+        return None
+    return {"id": "call_" + new_id("")[1:25], "type": "function",
+            "function": {"name": name, "arguments": arguments}}  # fmt: skip
 
 
 def _possible_opening(text: str) -> int:

@@ -9,7 +9,8 @@
   constrained to that tool's schema once its name is out; finish_reason "tool_calls". One call
   (as with `parallel_tool_calls: false`).
 - "auto" (OpenAI's default with tools): a free reply, read for calls in the form the server's
-  `--tool-call-parser` names (omni/entrypoints/openai/hermes_calls.py); finish_reason
+  `--tool-call-parser` names (args.py's TOOL_CALL_PARSERS: hermes_calls.py for Qwen's form, whole_calls.py for
+  Llama's JSON and pythonic forms); finish_reason
   "tool_calls" when it made one. With `--tool-call-parser none` it is a 400 naming
   `tool_choice`, as vLLM answers without a parser.
 - "none" (or no tools): a plain reply, the tools left out of the prompt.
@@ -27,9 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni.core.json_schema import TOOL_CALL, call_parts, compile_schema
+from omni.entrypoints.openai.args import TOOL_CALL_PARSERS
 from omni.entrypoints.openai.context import new_id
 from omni.entrypoints.openai.errors import bad_request
 from omni.entrypoints.openai.hermes_calls import HermesCalls
+from omni.entrypoints.openai.whole_calls import WholeCalls
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 NO_PARAMETERS = {"type": "object", "properties": {}}
@@ -44,12 +47,15 @@ class ToolCall:
     json_schema: str | None  # for SamplingParams.json_schema
     tools: list[dict[str, Any]]  # every tool, for the chat template
     max_calls: int | None = None  # a free reply's (parallel_tool_calls false: 1)
+    parser: str = "hermes"  # a free reply's form of calls (TOOL_CALL_PARSERS)
 
-    def cursor(self) -> CallCursor | HermesCalls:
+    def cursor(self) -> CallCursor | HermesCalls | WholeCalls:
         """A choice's reader of its reply."""
         if self.json_schema is None:
             names = [tool["function"]["name"] for tool in self.tools]
-            return HermesCalls(names, self.max_calls)
+            if self.parser == "hermes":
+                return HermesCalls(names, self.max_calls)
+            return WholeCalls(self.parser, names, self.max_calls)
         return CallCursor(self)
 
     def parts(self, text: str, whole: bool) -> tuple[str, str] | None:
@@ -74,6 +80,11 @@ class CallCursor:
         self.id = "call_" + new_id("")[1:25]  # OpenAI's form: call_ and 24 characters
         self.text = ""
         self.sent: str | None = None  # the arguments streamed so far (None: nothing yet)
+
+    @property
+    def started(self) -> bool:
+        """Whether a call has begun: always, the whole reply is the call."""
+        return True
 
     def message(self, text: str) -> dict[str, Any]:
         """The whole message's content (none) and call."""
@@ -126,8 +137,10 @@ def tool_call(
                 "tool_choice",
                 "unsupported_value",
             )
+        if parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"parser must be one of {TOOL_CALL_PARSERS}, got {parser!r}")
         max_calls = 1 if parallel_tool_calls is False else None
-        return ToolCall(None, None, list(tools or []), max_calls)
+        return ToolCall(None, None, list(tools or []), max_calls, parser)
     if tool_choice == "required":
         if not functions:
             raise bad_request("tool_choice: 'required' needs tools", "tool_choice")

@@ -1,8 +1,8 @@
 """Function calling in a realtime session: the calls of one response as `function_call` output
 items (the session's `tools` and `tool_choice` are checked as chat's, in session_state.py).
 
-With tool_choice "auto" the reply is free and read for calls as chat's is (Hermes calls,
-hermes_calls.py): what is not a call is the message's text (or its audio's transcript), each
+With tool_choice "auto" the reply is free and read for calls as chat's is (the server's
+--tool-call-parser): what is not a call is the message's text (or its audio's transcript), each
 call an item of its own. The audio of a reply stops at its first call: the talker speaks what
 the thinker wrote, the call's text too, and a call is not spoken. With "required" or a named
 function the reply is the call (the text stage constrained to it, as chat's): such a response
@@ -19,10 +19,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from omni.entrypoints.openai.hermes_calls import HermesCalls
 from omni.entrypoints.openai.realtime.conversation import Conversation, Item
 from omni.entrypoints.openai.realtime.server_events import event
-from omni.entrypoints.openai.tools import CallCursor, ToolCall
+from omni.entrypoints.openai.tools import ToolCall
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -31,7 +30,7 @@ class FunctionCalls:
     """One response's reply read for calls: `text` per new piece, `finish` at its end."""
 
     def __init__(self, call: ToolCall, response_id: str, conversation: Conversation) -> None:
-        self.cursor: CallCursor | HermesCalls = call.cursor()
+        self.cursor = call.cursor()
         self.response_id = response_id
         self.conversation = conversation
         self.items: list[Item] = []
@@ -39,10 +38,7 @@ class FunctionCalls:
     @property
     def started(self) -> bool:
         """Whether a call has begun (the reply's audio stops there)."""
-        cursor = self.cursor
-        if isinstance(cursor, HermesCalls):
-            return bool(cursor.calls) or cursor.in_block
-        return True
+        return self.cursor.started
 
     async def text(self, piece: str, send: Send, whole: bool = False) -> str:
         """The message text in `piece` (the rest: calls, sent as their items' events)."""
