@@ -105,3 +105,17 @@ def test_turn_detector_finds_speech_whatever_the_appends():
     assert start % WINDOW == stop % WINDOW == 0
     assert 480 * 24 - WINDOW <= start <= 480 * 24 + 2 * WINDOW
     assert 1680 * 24 + 320 * 24 <= stop <= 1680 * 24 + 320 * 24 + 8 * WINDOW
+
+
+def test_a_call_leaves_the_context_with_its_outputs():
+    from omni.entrypoints.openai.realtime.context_window import leaving_items
+    from omni.entrypoints.openai.realtime.conversation import Item, Part
+
+    ask = Item("user", [Part("input_text", "weather?")])
+    call = Item("assistant", [], type="function_call", call_id="c1", name="get_weather")
+    other = Item("assistant", [], type="function_call", call_id="c2", name="get_time")
+    output = Item("user", [], type="function_call_output", call_id="c1", output="{}")
+    answer = Item("assistant", [Part("output_text", "Sunny.")])
+    assert leaving_items([ask, call, other, output, answer]) == {ask.id}
+    assert leaving_items([call, other, output, answer]) == {call.id, output.id}
+    assert leaving_items([other, output, answer]) == {other.id}

@@ -3,8 +3,9 @@
 or one token for "inf") overflow the stage's max_model_len, its oldest items leave the context,
 for this response and every later one, until the prompt fills at most RETAIN of it: later turns
 then start from the same items again, so their prompts stay in the prefix cache until the
-context fills once more. The newest item is always kept; a conversation that does not fit even
-then is refused as before (`context_length_exceeded`)."""
+context fills once more. A function call leaves with its outputs (chat templates expect a tool
+turn to answer a call before it). The newest item is always kept; a conversation that does not
+fit even then is refused as before (`context_length_exceeded`)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,18 @@ async def fit(
         return prepared
     while len(prepared.prompt_token_ids) + room > RETAIN * limit:
         kept = [item for item in items if item.id not in conversation.out_of_context]
-        if len(kept) <= 1:
+        leaving = leaving_items(kept)
+        if len(leaving) >= len(kept):
             break
-        conversation.out_of_context.add(kept[0].id)
+        conversation.out_of_context.update(leaving)
         prepared = await streaming.prepare(ctx.async_omni, render(items), request_id)
     return prepared
+
+
+def leaving_items(kept: list[Item]) -> set[str]:
+    """The ids of the oldest item in context and of the items that go with it."""
+    first = kept[0]
+    if first.type != "function_call":
+        return {first.id}
+    outputs = (i for i in kept if i.type == "function_call_output" and i.call_id == first.call_id)
+    return {first.id, *(i.id for i in outputs)}
