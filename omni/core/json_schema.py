@@ -13,6 +13,10 @@ any keys, those values), and the annotations `title`, `description`, `$schema`, 
 (`client.chat.completions.parse`) are served. An object with `properties` takes those keys only (OpenAI's strict mode), each at most
 once, in any order, and ends only once every `required` one is in; an object without them takes
 any keys with any values. `{}` (or no `type`) is any value.
+
+Two omni keywords: TOOL_CALL (a function call, below) and CHOICE, `{"x-omni-choice": [text,
+...]}` as a whole schema: the reply is exactly one of those texts, written as they are (not
+JSON: vLLM's `choice` structured output).
 """
 
 from __future__ import annotations
@@ -79,8 +83,15 @@ calls are, the name and the arguments' schema chosen by the text so far (chat's 
 "required", omni/entrypoints/openai/tools.py)."""
 
 
+CHOICE = "x-omni-choice"
+"""omni's keyword for a reply that is one of some texts, `{"x-omni-choice": ["yes", "no"]}`,
+written as they are; only as a whole schema."""
+
+
 def compile_schema(schema: Any, path: str = "schema") -> Node:
     """The schema's root node; a ValueError naming the path of what it cannot serve."""
+    if isinstance(schema, dict) and CHOICE in schema:
+        return _choice(schema, path)
     compiler = _Compiler(schema)
     root = compiler.node(schema, path)
     for node, alternatives, where in compiler.unions:  # refs are all resolved by now
@@ -94,6 +105,24 @@ def compile_schema(schema: Any, path: str = "schema") -> Node:
                     )
                 node.choices[byte] = alternative
     return root
+
+
+def _choice(schema: dict[str, Any], path: str) -> Node:
+    """A CHOICE schema's node: its texts as the only literals (a reply's value starts at its
+    first byte, so none may start with whitespace)."""
+    texts = schema[CHOICE]
+    if len(schema) != 1:
+        other = sorted(set(schema) - {CHOICE})[0]
+        raise ValueError(f"{path}.{other}: not supported beside {CHOICE}")
+    if not isinstance(texts, list) or not texts:
+        raise ValueError(f"{path}.{CHOICE}: a non-empty list of strings, got {texts!r}")
+    for index, text in enumerate(texts):
+        if not isinstance(text, str) or not text or text[0].isspace():
+            raise ValueError(
+                f"{path}.{CHOICE}.{index}: a non-empty string that does not start with "
+                f"whitespace, got {text!r}"
+            )
+    return Node(literals=tuple(dict.fromkeys(text.encode() for text in texts)))
 
 
 def first_bytes(node: Node) -> set[int]:

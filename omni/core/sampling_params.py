@@ -74,7 +74,8 @@ class SamplingParams:
     most max_tokens."""
     json_schema: str | None = None
     """Constrain the tokens to JSON that follows this JSON schema (its text, or a dict; the
-    subset in omni/core/json_schema.py: '{"type": "object"}' is any object): only tokens that
+    subset in omni/core/json_schema.py: '{"type": "object"}' is any object; {"x-omni-choice":
+    ["yes", "no"]} is one of those texts, as written): only tokens that
     keep the text on the way to such a value are sampled, and stop tokens only once it is whole.
     A schema outside the subset is a ValueError naming where."""
 

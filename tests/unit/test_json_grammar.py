@@ -10,7 +10,7 @@ import random
 import pytest
 
 from omni.core.json_grammar import initial, is_complete, step
-from omni.core.json_schema import ANY, compile_schema
+from omni.core.json_schema import ANY, CHOICE, compile_schema
 from omni.core.sampling_params import SamplingParams
 
 
@@ -328,3 +328,23 @@ def test_the_grammar_agrees_with_a_json_schema_validator():
         assert accepts(node, text) == valid, (schema, text)
 
     check()
+
+
+def test_a_choice_is_one_of_its_texts_as_written():
+    node = compile_schema({CHOICE: ["yes", "yes, gladly", 'say "hi"', "é"]})
+    for text in ("yes", "yes, gladly", 'say "hi"', "é"):
+        assert accepts(node, text), text
+    assert prefix_ok(node, "yes,") and not accepts(node, "yes,")
+    for text in ('"yes"', " yes", "yes ", "no", "yes, gladly!", ""):
+        assert not accepts(node, text), text
+    for schema, where in [
+        ({CHOICE: []}, "schema.x-omni-choice"),
+        ({CHOICE: "yes"}, "schema.x-omni-choice"),
+        ({CHOICE: ["a", "\tb"]}, "schema.x-omni-choice.1"),
+        ({CHOICE: ["a", 1]}, "schema.x-omni-choice.1"),
+        ({CHOICE: ["a"], "type": "string"}, "schema.type"),
+        ({"type": "object", "properties": {"a": {CHOICE: ["a"]}}}, "schema.properties.a.x-omni-choice"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError) as info:
+            compile_schema(schema)
+        assert str(info.value).startswith(where + ":"), (schema, str(info.value))

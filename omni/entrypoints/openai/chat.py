@@ -22,7 +22,7 @@ import dataclasses
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
 
-from omni.entrypoints.openai import chat_choice, sampling, streaming, tools
+from omni.entrypoints.openai import chat_choice, sampling, streaming, structured_outputs, tools
 from omni.entrypoints.openai.chat_choice import ChatChoice
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request
@@ -60,6 +60,15 @@ async def create(ctx: Context, request: Request, body: ChatCompletionRequest) ->
             "already; leave response_format out (or {'type': 'text'})",
             "response_format",
         )
+    vllm_schema = structured_outputs.requested(body)
+    forced = call is not None and call.json_schema is not None
+    if vllm_schema is not None and (json_schema is not None or forced):
+        raise bad_request(
+            "structured_outputs: the reply is already constrained by "
+            + ("response_format" if json_schema is not None else "the tools' tool_choice"),
+            "structured_outputs",
+        )
+    json_schema = json_schema or vllm_schema
     text_stage = ctx.text_stage()
     modalities = body.modalities or ["text"]
     want_audio = "audio" in modalities

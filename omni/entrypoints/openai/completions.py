@@ -17,7 +17,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
 
-from omni.entrypoints.openai import sampling, streaming
+from omni.entrypoints.openai import sampling, streaming, structured_outputs
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request
 from omni.entrypoints.openai.logprobs import LogprobCursor
@@ -102,6 +102,7 @@ async def create(ctx: Context, request: Request, body: CompletionRequest) -> Res
         logprobs=body.logprobs,
         prompt_logprobs=body.logprobs if scored else None,
         text_final=True,
+        json_schema=structured_outputs.requested(body),
     )
     request_id = new_id("cmpl")
     choices: list[_Choice] = []

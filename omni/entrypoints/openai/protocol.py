@@ -1,7 +1,7 @@
 """Request bodies, as pydantic models that reject what OpenAI rejects: unknown fields
 (`extra="forbid"`), wrong JSON types (strict: "5" is not an integer) and out-of-range values.
-omni's extensions (vLLM's `top_k`, `min_p`, `min_tokens`, `repetition_penalty`; `cache_salt`,
-`stage_sampling`) are ordinary top-level fields, which is where the openai client's `extra_body`
+omni's extensions (vLLM's `top_k`, `min_p`, `min_tokens`, `repetition_penalty`,
+`structured_outputs`; `cache_salt`, `stage_sampling`) are ordinary top-level fields, which is where the openai client's `extra_body`
 puts them. Checks that need the engine (the model name, voices,
 formats, n) are done by the endpoints, so that their messages can list the valid values."""
 
@@ -58,6 +58,10 @@ class _Sampling(_Strict):
     min_p: float | None = Field(default=None, ge=0, le=1)
     min_tokens: int | None = Field(default=None, ge=0)
     repetition_penalty: float | None = Field(default=None, gt=0)
+    # vLLM's structured outputs (structured_outputs.py), and their older spellings
+    structured_outputs: dict[str, Any] | None = None
+    guided_choice: list[str] | None = None
+    guided_json: dict[str, Any] | str | None = None
     cache_salt: str | None = Field(default=None, min_length=1)
     stage_sampling: dict[str, dict[str, Any]] | None = None
 
