@@ -86,8 +86,9 @@ def test_min_tokens_past_max_tokens_is_refused():
 
 def test_the_fields_over_http(qwen2_dir, case):
     """vLLM's fields at the top level of a request (the openai client's extra_body) reach the
-    text stage: the penalized completion of prompt 0 is transformers' tokens; bad values are
-    400s naming the field."""
+    text stage: the penalized completion of prompt 0 is transformers' tokens (ignore_eos); with
+    stop_token_ids its plain completion stops at that token; bad values are 400s naming the
+    field."""
     import openai
     from fastapi.testclient import TestClient
     from helpers import on_cpu
@@ -97,21 +98,26 @@ def test_the_fields_over_http(qwen2_dir, case):
     from omni.entrypoints.openai.app import build_app
     from omni.entrypoints.openai.args import ServerArgs
 
-    prompts, _, expected = case
+    prompts, stop, expected = case
     tokenizer = AutoTokenizer.from_pretrained(qwen2_dir)
     engine = AsyncOmni(model=qwen2_dir, runtime={"backend": "local"}, **on_cpu("llm"))
     kwargs = dict(model="lm", prompt=prompts[0], max_tokens=MAX_NEW, temperature=0)
-    ignore_eos = {"stage_sampling": {"llm": {"ignore_eos": True}}}
     try:
         with TestClient(build_app(engine, ServerArgs("lm"))) as http:
             client = openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http)
-            extra = ignore_eos | {"repetition_penalty": PENALTY, "min_p": 0.5, "min_tokens": 2}
+            extra = {"ignore_eos": True, "repetition_penalty": PENALTY, "min_p": 0.5,
+                     "min_tokens": 2}  # fmt: skip
             penalized = client.completions.create(**kwargs, extra_body=extra)
+            stopped = client.completions.create(
+                **kwargs, extra_body={"ignore_eos": True, "stop_token_ids": [stop]}
+            )
             errors = {}
             for field, value in [
                 ("min_p", 1.5),
                 ("min_tokens", MAX_NEW + 1),
                 ("repetition_penalty", 0),
+                ("stop_token_ids", [3, -1]),
+                ("ignore_eos", "yes"),
             ]:
                 with pytest.raises(openai.BadRequestError) as info:
                     client.completions.create(**kwargs, extra_body={field: value})
@@ -120,10 +126,16 @@ def test_the_fields_over_http(qwen2_dir, case):
         engine.shutdown()
     want = tokenizer.decode(expected["repeated"][0], skip_special_tokens=True)
     assert penalized.choices[0].text == want
+    assert penalized.usage.completion_tokens == MAX_NEW  # EOS ignored
+    want = tokenizer.decode(_until_stop(expected["plain"][0], stop), skip_special_tokens=True)
+    assert (stopped.choices[0].text, stopped.choices[0].finish_reason) == (want, "stop")
+    assert stopped.usage.completion_tokens == 3
     assert errors == {
         "min_p": "min_p",
         "min_tokens": "min_tokens",
         "repetition_penalty": "repetition_penalty",
+        "stop_token_ids": "stop_token_ids[1]",
+        "ignore_eos": "ignore_eos",
     }
 
 
@@ -154,7 +166,7 @@ def test_min_tokens_passes_over_stop_strings_before_it(qwen2_dir, case):
 
     from omni import Omni
 
-    prompts, _, expected = case
+    prompts, stop, expected = case
     tokenizer = AutoTokenizer.from_pretrained(qwen2_dir)
     plain = expected["plain"][0]
     stop = tokenizer.decode(plain[1:2])  # met at the second token

@@ -57,6 +57,8 @@ def plan(
     repetition_penalty: float | None = None,
     min_p: float | None = None,
     min_tokens: int | None = None,
+    ignore_eos: bool | None = None,
+    stop_token_ids: list[int] | None = None,
     logit_bias: dict[str, float] | None = None,
     seed: int | None = None,
     stop: str | list[str] | None = None,
@@ -104,6 +106,7 @@ def plan(
             ("repetition_penalty", repetition_penalty),
             ("min_p", min_p),
             ("min_tokens", min_tokens),
+            ("ignore_eos", ignore_eos),
             ("logit_bias", logit_bias),
             ("seed", seed),
             ("logprobs", logprobs),
@@ -114,8 +117,9 @@ def plan(
     }
     if text_final and strings:
         text["stop"] = tuple(strings)
-    if stop_strings:
-        merged = dict.fromkeys(params[text_stage].stop_token_ids) | dict.fromkeys(stop_strings)
+    if stop_strings or stop_token_ids:
+        merged = dict.fromkeys(params[text_stage].stop_token_ids)
+        merged |= dict.fromkeys(stop_token_ids or ()) | dict.fromkeys(stop_strings)
         text["stop_token_ids"] = tuple(merged)
     staged = (stage_sampling or {}).get(text_stage) or {}
     if until_end and max_tokens is None and "max_tokens" not in staged:
@@ -156,6 +160,8 @@ def choice_plans(
             repetition_penalty=body.repetition_penalty,
             min_p=body.min_p,
             min_tokens=body.min_tokens,
+            ignore_eos=body.ignore_eos,
+            stop_token_ids=body.stop_token_ids,
             logit_bias=body.logit_bias,
             seed=None if body.seed is None else body.seed + j,
             stop=body.stop,
