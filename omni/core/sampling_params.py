@@ -49,6 +49,8 @@ class SamplingParams:
     """Stop strings (a string or a list of non-empty ones): generation stops once the text
     contains one, and the text returned ends before it. Matched on the decoded text by the
     driver, so only the request's final stage, when its tokens are text, may set them."""
+    include_stop_str_in_output: bool = False
+    """As vLLM's: the returned text ends with the stop string that ended it (else before it)."""
     presence_penalty: float = 0.0
     """In [-2, 2], as OpenAI's: subtracted from the logit of every token already generated."""
     frequency_penalty: float = 0.0
@@ -93,6 +95,8 @@ class SamplingParams:
         set_(self, "stop_token_ids", _token_ids(self.stop_token_ids))
         set_(self, "stop", _stop_strings(self.stop))
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "True or False")
+        include = self.include_stop_str_in_output
+        _check(isinstance(include, bool), "include_stop_str_in_output", include, "True or False")
         set_(self, "logit_bias", _logit_bias(self.logit_bias))
         if self.json_schema is not None:
             set_(self, "json_schema", _json_schema(self.json_schema))

@@ -141,7 +141,8 @@ class RequestState:
         prompt_token_ids = list(self.prompt.prompt_token_ids) if root else []
         return StageResult(
             self.prompt.request_id, stage, prompt_token_ids, tokens[:num_tokens], "stopped",
-            num_cached_tokens=self.num_cached.get(stage, 0), text=text[: found[0]],
+            num_cached_tokens=self.num_cached.get(stage, 0),
+            text=text[: found[1] if self.stop.include else found[0]],
             logprobs=None if logprobs is None else logprobs[:num_tokens],
         )  # fmt: skip
 

@@ -5,7 +5,7 @@ tokens, or sit inside one).
 After each step the router looks for them in the stage's text (decoded incrementally: only what
 is new is searched, with the overlap a string may straddle). On a match the stage's request is
 aborted and the driver finishes it itself: finish_reason "stopped", the tokens up to the one that
-completed the string, the text before it. Until then, a streamed snapshot holds back the end of
+completed the string, the text before it (through it with include_stop_str_in_output). Until then, a streamed snapshot holds back the end of
 its text that could be the beginning of a stop string, so no client ever sees part of one.
 Only the final stage may set them (its result is the driver's to cut), and its tokens must be
 text: `stop_strings_for` refuses other requests before any work starts. With min_tokens, as vLLM:
@@ -22,9 +22,12 @@ from omni.registry import produces_text
 
 
 class StopStrings:
-    def __init__(self, strings: tuple[str, ...], min_tokens: int = 0) -> None:
+    def __init__(
+        self, strings: tuple[str, ...], min_tokens: int = 0, include: bool = False
+    ) -> None:
         self.strings = strings
         self.min_tokens = min_tokens  # SamplingParams.min_tokens: text before it is not searched
+        self.include = include  # SamplingParams.include_stop_str_in_output
         self.longest = max(len(s) for s in strings)
         self.num_checked = 0  # characters of the text searched so far
 
@@ -76,4 +79,7 @@ def stop_strings_for(
             f"SamplingParams.stop of stage {final!r}: its tokens are not text (adapter "
             f"{config.stage(final).adapter!r}); use stop_token_ids"
         )
-    return StopStrings(strings, params[final].min_tokens) if strings else None
+    final_params = params[final]
+    if not strings:
+        return None
+    return StopStrings(strings, final_params.min_tokens, final_params.include_stop_str_in_output)

@@ -87,7 +87,8 @@ def test_min_tokens_past_max_tokens_is_refused():
 def test_the_fields_over_http(qwen2_dir, case):
     """vLLM's fields at the top level of a request (the openai client's extra_body) reach the
     text stage: the penalized completion of prompt 0 is transformers' tokens (ignore_eos); with
-    stop_token_ids its plain completion stops at that token; bad values are 400s naming the
+    stop_token_ids its plain completion stops at that token, and with include_stop_str_in_output
+    its text ends with the stop string (whole and streamed); bad values are 400s naming the
     field."""
     import openai
     from fastapi.testclient import TestClient
@@ -111,6 +112,16 @@ def test_the_fields_over_http(qwen2_dir, case):
             stopped = client.completions.create(
                 **kwargs, extra_body={"ignore_eos": True, "stop_token_ids": [stop]}
             )
+            text = tokenizer.decode(expected["plain"][0], skip_special_tokens=True)
+            cut = text[len(text) // 2 : len(text) // 2 + 4]  # a stop string of its second half
+            kept = {"ignore_eos": True, "include_stop_str_in_output": True}
+            through = [
+                client.completions.create(**kwargs, stop=[cut], extra_body=kept).choices[0].text,
+                "".join(c.choices[0].text for c in client.completions.create(
+                    **kwargs, stop=[cut], extra_body=kept, stream=True) if c.choices),
+                client.completions.create(**kwargs, stop=[cut], extra_body=kept | {
+                    "include_stop_str_in_output": False}).choices[0].text,
+            ]  # fmt: skip
             errors = {}
             for field, value in [
                 ("min_p", 1.5),
@@ -130,6 +141,8 @@ def test_the_fields_over_http(qwen2_dir, case):
     want = tokenizer.decode(_until_stop(expected["plain"][0], stop), skip_special_tokens=True)
     assert (stopped.choices[0].text, stopped.choices[0].finish_reason) == (want, "stop")
     assert stopped.usage.completion_tokens == 3
+    end = text.index(cut) + len(cut)
+    assert through == [text[:end], text[:end], text[: text.index(cut)]] and cut.strip()
     assert errors == {
         "min_p": "min_p",
         "min_tokens": "min_tokens",

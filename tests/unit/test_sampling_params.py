@@ -105,6 +105,10 @@ BAD = [
     ({"ignore_eos": 1}, "SamplingParams.ignore_eos must be True or False, got 1 (int)"),
     ({"ignore_eos": "no"}, "SamplingParams.ignore_eos must be True or False, got 'no' (str)"),
     ({"ignore_eos": None}, "SamplingParams.ignore_eos must be True or False, got None"),
+    (
+        {"include_stop_str_in_output": 1},
+        "SamplingParams.include_stop_str_in_output must be True or False, got 1 (int)",
+    ),
 ]
 
 

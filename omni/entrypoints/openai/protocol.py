@@ -1,7 +1,7 @@
 """Request bodies, as pydantic models that reject what OpenAI rejects: unknown fields
 (`extra="forbid"`), wrong JSON types (strict: "5" is not an integer) and out-of-range values.
 omni's extensions (vLLM's `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `ignore_eos`,
-`stop_token_ids`, `structured_outputs`; `cache_salt`, `stage_sampling`) are ordinary top-level fields, which is where the openai client's `extra_body`
+`stop_token_ids`, `include_stop_str_in_output`, `structured_outputs`; `cache_salt`, `stage_sampling`) are ordinary top-level fields, which is where the openai client's `extra_body`
 puts them. Checks that need the engine (the model name, voices,
 formats, n) are done by the endpoints, so that their messages can list the valid values."""
 
@@ -60,6 +60,7 @@ class _Sampling(_Strict):
     repetition_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool | None = None  # vLLM's benchmarks send it to fix the reply's length
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    include_stop_str_in_output: bool | None = None
     # vLLM's structured outputs (structured_outputs.py), and their older spellings
     structured_outputs: dict[str, Any] | None = None
     guided_choice: list[str] | None = None

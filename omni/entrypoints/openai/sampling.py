@@ -59,6 +59,7 @@ def plan(
     min_tokens: int | None = None,
     ignore_eos: bool | None = None,
     stop_token_ids: list[int] | None = None,
+    include_stop_str_in_output: bool | None = None,
     logit_bias: dict[str, float] | None = None,
     seed: int | None = None,
     stop: str | list[str] | None = None,
@@ -107,6 +108,7 @@ def plan(
             ("min_p", min_p),
             ("min_tokens", min_tokens),
             ("ignore_eos", ignore_eos),
+            ("include_stop_str_in_output", include_stop_str_in_output),
             ("logit_bias", logit_bias),
             ("seed", seed),
             ("logprobs", logprobs),
@@ -128,6 +130,8 @@ def plan(
     if min_text_tokens is not None and max_tokens is None and configured is not None:
         text["max_tokens"] = max(configured, min_text_tokens)
     params[text_stage] = _replace(params[text_stage], text, None)
+    if include_stop_str_in_output:  # the stop tokens' text stays in the returned text
+        stop_strings = {}
     return Plan(params, stop_strings)
 
 
@@ -162,6 +166,7 @@ def choice_plans(
             min_tokens=body.min_tokens,
             ignore_eos=body.ignore_eos,
             stop_token_ids=body.stop_token_ids,
+            include_stop_str_in_output=body.include_stop_str_in_output,
             logit_bias=body.logit_bias,
             seed=None if body.seed is None else body.seed + j,
             stop=body.stop,
