@@ -109,9 +109,16 @@ def test_the_fields_over_http(qwen2_dir, case):
             extra = {"ignore_eos": True, "repetition_penalty": PENALTY, "min_p": 0.5,
                      "min_tokens": 2}  # fmt: skip
             penalized = client.completions.create(**kwargs, extra_body=extra)
-            stopped = client.completions.create(
-                **kwargs, extra_body={"ignore_eos": True, "stop_token_ids": [stop]}
-            )
+            by_token = {"ignore_eos": True, "stop_token_ids": [stop, 10**9]}
+            stopped = [
+                client.completions.create(**kwargs, extra_body=by_token),
+                _joined(client.completions.create(**kwargs, extra_body=by_token, stream=True)),
+                client.completions.create(
+                    **kwargs, extra_body=by_token | {"include_stop_str_in_output": True}
+                ),
+            ]
+            token_text = tokenizer.decode(expected["plain"][0][:3])[len(
+                tokenizer.decode(expected["plain"][0][:2])):]  # fmt: skip
             text = tokenizer.decode(expected["plain"][0], skip_special_tokens=True)
             cut = text[len(text) // 2 : len(text) // 2 + 4]  # a stop string of its second half
             kept = {"ignore_eos": True, "include_stop_str_in_output": True}
@@ -138,9 +145,10 @@ def test_the_fields_over_http(qwen2_dir, case):
     want = tokenizer.decode(expected["repeated"][0], skip_special_tokens=True)
     assert penalized.choices[0].text == want
     assert penalized.usage.completion_tokens == MAX_NEW  # EOS ignored
-    want = tokenizer.decode(_until_stop(expected["plain"][0], stop), skip_special_tokens=True)
-    assert (stopped.choices[0].text, stopped.choices[0].finish_reason) == (want, "stop")
-    assert stopped.usage.completion_tokens == 3
+    # as vLLM: the stop token's own text is left out, unless include_stop_str_in_output
+    want = tokenizer.decode(expected["plain"][0][:2], skip_special_tokens=True)
+    assert [s.choices[0].text for s in stopped] == [want, want, want + token_text]
+    assert stopped[0].choices[0].finish_reason == "stop" and stopped[0].usage.completion_tokens == 3
     end = text.index(cut) + len(cut)
     assert through == [text[:end], text[:end], text[: text.index(cut)]] and cut.strip()
     assert errors == {
@@ -150,6 +158,17 @@ def test_the_fields_over_http(qwen2_dir, case):
         "stop_token_ids": "stop_token_ids[1]",
         "ignore_eos": "ignore_eos",
     }
+
+
+def _joined(chunks):
+    """A streamed completion as one: its text joined, its last finish_reason and usage."""
+    from types import SimpleNamespace
+
+    chunks = list(chunks)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    choice = SimpleNamespace(text=text, finish_reason=reason)
+    return SimpleNamespace(choices=[choice], usage=None)
 
 
 def test_repetition_arithmetic_over_prompt_and_output():
