@@ -5,8 +5,9 @@ tokens, or sit inside one).
 After each step the router looks for them in the stage's text (decoded incrementally: only what
 is new is searched, with the overlap a string may straddle). On a match the stage's request is
 aborted and the driver finishes it itself: finish_reason "stopped", the tokens up to the one that
-completed the string, the text before it (through it with include_stop_str_in_output). Until then, a streamed snapshot holds back the end of
-its text that could be the beginning of a stop string, so no client ever sees part of one.
+completed the string, the text before it (through it with include_stop_str_in_output). Until
+then, a streamed snapshot holds back the end of its text that could be the beginning of a stop
+string, so no client ever sees part of one.
 Only the final stage may set them (its result is the driver's to cut), and its tokens must be
 text: `stop_strings_for` refuses other requests before any work starts. With min_tokens, as vLLM:
 the text of the steps before the request has that many tokens is passed over, not searched.
@@ -79,7 +80,6 @@ def stop_strings_for(
             f"SamplingParams.stop of stage {final!r}: its tokens are not text (adapter "
             f"{config.stage(final).adapter!r}); use stop_token_ids"
         )
-    final_params = params[final]
     if not strings:
         return None
-    return StopStrings(strings, final_params.min_tokens, final_params.include_stop_str_in_output)
+    return StopStrings(strings, params[final].min_tokens, params[final].include_stop_str_in_output)

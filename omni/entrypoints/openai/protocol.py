@@ -1,8 +1,9 @@
 """Request bodies, as pydantic models that reject what OpenAI rejects: unknown fields
 (`extra="forbid"`), wrong JSON types (strict: "5" is not an integer) and out-of-range values.
 omni's extensions (vLLM's `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `ignore_eos`,
-`stop_token_ids`, `include_stop_str_in_output`, `structured_outputs`; `cache_salt`, `stage_sampling`) are ordinary top-level fields, which is where the openai client's `extra_body`
-puts them. Checks that need the engine (the model name, voices,
+`stop_token_ids`, `include_stop_str_in_output`, `structured_outputs`; `cache_salt`,
+`stage_sampling`) are ordinary top-level fields, which is where the openai client's
+`extra_body` puts them. Checks that need the engine (the model name, voices,
 formats, n) are done by the endpoints, so that their messages can list the valid values."""
 
 from __future__ import annotations

@@ -131,14 +131,14 @@ def plan(
     if min_text_tokens is not None and max_tokens is None and configured is not None:
         text["max_tokens"] = max(configured, min_text_tokens)
     params[text_stage] = _replace(params[text_stage], text, None)
-    if stop_token_ids:  # as vLLM: the text of the stop token that ended a reply is left out
+    if include_stop_str_in_output:  # the stop's text stays in the returned text
+        stop_strings = {}
+    elif stop_token_ids:  # as vLLM: the text of the stop token that ended a reply is left out
         tokenizer = async_omni.prompt_processor.tokenizer
         vocab = len(tokenizer) if tokenizer is not None else 0
         ids = [t for t in dict.fromkeys(stop_token_ids) if t < vocab and t not in stop_strings]
         pieces = async_omni.token_texts(text_stage, ids)
         stop_strings |= {t: piece for t, (piece, _) in zip(ids, pieces, strict=True) if piece}
-    if include_stop_str_in_output:  # the stop's text stays in the returned text
-        stop_strings = {}
     return Plan(params, stop_strings)
 
 

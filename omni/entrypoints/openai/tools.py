@@ -9,8 +9,8 @@
   constrained to that tool's schema once its name is out; finish_reason "tool_calls". One call
   (as with `parallel_tool_calls: false`).
 - "auto" (OpenAI's default with tools): a free reply, read for calls in the form the server's
-  `--tool-call-parser` names (args.py's TOOL_CALL_PARSERS: hermes_calls.py for Qwen's form, whole_calls.py for
-  Llama's JSON and pythonic forms); finish_reason
+  `--tool-call-parser` names (args.py's TOOL_CALL_PARSERS: hermes_calls.py for Qwen's form,
+  whole_calls.py for Llama's JSON and pythonic forms); finish_reason
   "tool_calls" when it made one. With `--tool-call-parser none` it is a 400 naming
   `tool_choice`, as vLLM answers without a parser.
 - "none" (or no tools): a plain reply, the tools left out of the prompt.
