@@ -24,7 +24,8 @@ download() {
 tmp=$(mktemp -d)
 download -d "$tmp" "$pin"
 mkdir -p .whl
-download -d .whl jsonschema jsonschema-specifications referencing rpds-py  # Ray's imports
+# Ray's imports, at constraints.txt's versions (the test wheels of docs/gpu.md name the same)
+download -d .whl $(grep -E '^(jsonschema|jsonschema-specifications|referencing|rpds-py)==' constraints.txt)
 whl=$(ls "$tmp"/ray-*.whl)
 rm -rf .rayp1 .rayp2 .rayp3 && mkdir -p .rayp1 .rayp2 .rayp3
 split -n 3 -d "$whl" "$tmp/part"

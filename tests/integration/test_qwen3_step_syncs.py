@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from omni.config import config_for_model
 from omni.core.sampling_params import SamplingParams
@@ -75,6 +76,8 @@ def talker_counts(qwen3_dir: str, **engine: object) -> tuple[SyncCounter, StageE
 @pytest.mark.parametrize("padded", [False, True], ids=["eager", "padded-decode"])
 def test_talker_decode_step_syncs(qwen3_dir, padded, monkeypatch):
     if padded:  # the GPU's attention metadata (test_step_syncs.gpu_metadata): no CPU plan
+        if torch.cuda.is_available():
+            pytest.skip("interpreted Triton on a GPU machine (test_step_syncs.gpu_metadata)")
         monkeypatch.setattr(attention, "uses_triton", lambda device: True)
     counter, engine = talker_counts(qwen3_dir, cuda_graphs=padded, max_num_seqs=4)
     assert counter.of("talker") == []
