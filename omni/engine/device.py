@@ -14,7 +14,10 @@ What a CUDA stage needs besides its KV cache is measured in omni/engine/gpu_prof
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,6 +40,13 @@ CPU = torch.device("cpu")
 HIGH_PRIORITY = -1  # torch maps it into the device's range (lower number: higher priority)
 
 
+# A step holding a stream's first chunk gates that request's first audio, the wait users feel:
+# it goes ahead of the ar stages too (one step per request). Later chunks, which only have to
+# keep ahead of playback, stay below them.
+URGENT_PRIORITY = -2
+_urgent_streams: dict[tuple[torch.device, int], Any] = {}
+
+
 def stream_priority(kind: str) -> int:
     """The CUDA stream priority of a stage of `kind` (engine kind: ar or generation)."""
     return HIGH_PRIORITY if kind == "ar" else 0
@@ -55,6 +65,26 @@ def use_own_stream(device: torch.device, priority: int = 0) -> Any | None:
     stream.wait_stream(torch.cuda.default_stream(device))
     torch.cuda.set_stream(stream)
     return stream
+
+
+@contextlib.contextmanager
+def urgent_stream(device: torch.device, urgent: bool) -> Iterator[None]:
+    """With `urgent`, on a GPU: the block launches on a stream of URGENT_PRIORITY (one per
+    thread), after the thread's current stream's queued work, which then waits for the block's.
+    The block must end synchronised with its work (a step reading its results to the host), so
+    memory it frees is never reused under the other stream's kernels. Elsewhere: nothing."""
+    if not urgent or device.type != "cuda":
+        yield
+        return
+    current = torch.cuda.current_stream(device)
+    key = (device, threading.get_ident())
+    stream = _urgent_streams.get(key)
+    if stream is None:
+        stream = _urgent_streams[key] = torch.cuda.Stream(device=device, priority=URGENT_PRIORITY)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        yield
+    current.wait_stream(stream)
 
 
 def resolve_device(config: StageConfig) -> torch.device:

@@ -7,11 +7,10 @@ A streaming request (input_complete=False: the upstream stage is still generatin
 ready and which work a step takes is omni/engine/chunk_schedule.py. `step()` runs up to
 `engine.max_num_seqs` work items: one whole request, or several in ONE `generate_batch` call
 where `engine.batch_whole_requests` resolves true (CUDA stages by default), and all ready chunks
-in ONE `decode_chunks` call. A stage host drives it like an AR stage (the `Engine` contract in
-omni/engine/engine.py).
+in ONE `decode_chunks` call. A stage host drives it like an AR stage (omni/engine/engine.py).
 
-The adapter runs on the stage's device (omni/engine/device.py), always in float32 (a vocoder's
-numerics), and hands back CPU waveforms.
+The adapter runs on the stage's device (omni/engine/device.py) and hands back CPU waveforms; a
+step holding a stream's first chunk runs on that device's urgent stream (`urgent_stream`).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import torch
 
 from omni.config import StageConfig
 from omni.engine.chunk_schedule import ChunkSchedule, Stream, Work, extended_extras
-from omni.engine.device import cuda_memory_stats, resolve_device
+from omni.engine.device import cuda_memory_stats, resolve_device, urgent_stream
 from omni.engine.engine import run_until_done
 from omni.engine.generation_stats import GenerationStats
 from omni.engine.graph_plan import chunk_dtype, chunk_graphs
@@ -172,7 +171,8 @@ class GenerationEngine:
         whole = [self._pending.pop(w.request_id) for w in work if w.end == 0]
         results = self._generate(whole, failed) if whole else []
         chunks = [w for w in work if w.end > 0]
-        updates = self._decode(chunks, failed) if chunks else []
+        with urgent_stream(self.device, any(w.start == 0 for w in chunks)):  # a first audio
+            updates = self._decode(chunks, failed) if chunks else []
         for request_id in [i for i, s in self._streams.items() if s.done]:
             results.append(self._stream_result(self._streams.pop(request_id), "stopped"))
         finished = [r for r in results if r is not None]

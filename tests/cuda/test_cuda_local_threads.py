@@ -66,3 +66,25 @@ def test_gpu_stages_on_their_own_threads_equal_one_thread(omni_dir):
             assert a.stages[stage].token_ids == b.stages[stage].token_ids, stage
         assert a.final.audio.shape == b.final.audio.shape and a.final.audio.numel() > 0
         torch.testing.assert_close(a.final.audio, b.final.audio, atol=1e-4, rtol=1e-3)
+
+
+def test_urgent_stream_outranks_the_stage_streams_and_orders_work():
+    """A step holding a first chunk launches on the urgent stream, after the thread's queued
+    work, and the thread's stream waits for it (omni/engine/device.py: urgent_stream)."""
+    from omni.engine.device import stream_priority, urgent_stream, use_own_stream
+
+    device = torch.device("cuda", 0)
+    own = use_own_stream(device, stream_priority("generation"))
+    try:
+        x = torch.zeros(1 << 20, device=device)
+        torch.cuda._sleep(10_000_000)  # queued work the urgent block must come after
+        x += 1
+        with urgent_stream(device, True):
+            urgent = torch.cuda.current_stream(device)
+            assert urgent != own and urgent.priority < stream_priority("ar") <= own.priority
+            x *= 3
+        assert torch.cuda.current_stream(device) == own
+        x -= 1  # on the thread's stream again: after the urgent block
+        assert torch.equal(x, torch.full_like(x, 2.0))
+    finally:
+        torch.cuda.set_stream(torch.cuda.default_stream(device))

@@ -14,13 +14,14 @@ docs/streaming.md (default: the tiny checkpoint, as built and amplified).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 
 from omni.config import load_config
-from omni.engine import GenerationEngine
+from omni.engine import GenerationEngine, generation_engine
 from omni.messages import InputDelta, StageInput
 from omni.runtime.stage_model import ChunkJob
 from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
@@ -269,7 +270,15 @@ def test_engine_streams_chunks(omni_dir, adapter):
         stage.extend_request(InputDelta("s", codes))
 
 
-def test_engine_first_chunk_goes_first(omni_dir, adapter):
+def test_engine_first_chunk_goes_first(omni_dir, adapter, monkeypatch):
+    """First chunks go ahead of later ones, and only their steps ask for the urgent stream."""
+    urgent: list[bool] = []
+
+    def recording(device, is_urgent):
+        urgent.append(is_urgent)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(generation_engine, "urgent_stream", recording)
     stage = engine(omni_dir, adapter, max_num_seqs=1)
     codes = random_codes(16, seed=5)
     stage.add_request(streaming("old", codes[:8]))
@@ -282,6 +291,7 @@ def test_engine_first_chunk_goes_first(omni_dir, adapter):
     assert [u.request_id for u in stage.step().updates] == ["new"]
     assert not stage.has_urgent_work
     assert [u.request_id for u in stage.step().updates] == ["old"]
+    assert urgent == [True, True, False]
     (aborted,) = stage.abort(["old"])
     assert aborted.finish_reason == "aborted" and stage.num_requests == 1
 
