@@ -13,7 +13,8 @@ What makes a window agree with the whole decode at the same frames:
 - BigVGAN is convolutional: output samples [f * hop, (f + 1) * hop) belong to mel frame f.
 What still differs: each of the ODE's 4 * (num_steps - 1) DiT evaluations widens the receptive
 field by the look-ahead/-back blocks, and BigVGAN's convolutions reach a few frames, so frames
-near a window's cut see less context: left_context and look_ahead trade that for latency.
+near a window's cut see less context than in the whole decode. The bounded left_context and
+look_ahead trade that error for latency (docs/streaming.md measures it).
 
 Batching: jobs are padded to the longest window. In the DiT, padding frames sit outside every
 real frame's attention (block_diff OUTSIDE) and attend only to each other. In BigVGAN every op
@@ -25,7 +26,6 @@ padding). So each job's output equals its unbatched output up to float rounding.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,9 +33,9 @@ from typing import Protocol
 
 import torch
 from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniDiTConfig
-from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
 from omni.runtime.stage_model import ChunkJob
+from stages.qwen2_5_omni.token2wav_ode import integrate_rk4
 
 GUIDANCE_OFF = 1e-5  # transformers' sample(): a guidance_scale below this runs without CFG
 OUTSIDE = 1 << 20  # a block_diff beyond any look-ahead/-back: masks real <-> padding attention
@@ -175,35 +175,6 @@ def solve_mels(
     return [final[row, :length] for row, length in enumerate(lengths)]
 
 
-def integrate_rk4(
-    velocity: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    initial: torch.Tensor,
-    times: torch.Tensor,
-    num_steps: int,
-    sway_coefficient: float | None,
-) -> torch.Tensor:
-    """`RungeKutta4ODESolver(velocity, initial).integrate(times)[-1]` by its own step, without
-    its host syncs (three time comparisons a step: 27 a chunk, each draining the GPU while other
-    stages' threads hold the GIL). On a strictly increasing schedule a step's interpolation
-    returns its value as is; another schedule takes transformers' path."""
-    solver = RungeKutta4ODESolver(function=velocity, initial_value=initial)
-    if not _strictly_increasing(num_steps, sway_coefficient):
-        return solver.integrate(times)[-1]
-    value = initial
-    for start, end in zip(times[:-1], times[1:], strict=True):
-        value = value + solver._compute_step(velocity, start, end - start, end, value)[0]
-    return value
-
-
-@functools.cache
-def _strictly_increasing(num_steps: int, sway_coefficient: float | None) -> bool:
-    """Whether solve_mels' time schedule rises at every point (host float64, wide margin)."""
-    times = [i / max(num_steps - 1, 1) for i in range(num_steps)]
-    if sway_coefficient is not None:
-        times = [t + sway_coefficient * (math.cos(math.pi / 2 * t) - 1 + t) for t in times]
-    return all(later - earlier > 1e-5 for earlier, later in itertools.pairwise(times))
-
-
 def dit_velocity(
     dit: torch.nn.Module,
     time_step: torch.Tensor,
@@ -289,8 +260,9 @@ def default_context(dit_config: Qwen2_5OmniDiTConfig, vocoder_frames: int) -> tu
       start, so B * block_size frames before the chunk cover them wherever the chunk starts.
     - ahead: A = len(look_ahead_layers) blocks after the frame's own block, whose end can be
       block_size - 1 frames away: (A + 1) * block_size - 1 frames.
-    Frames are codes * repeats. The ODE's repeated forwards reach further: docs/streaming.md
-    measures what that leaves (Qwen2.5-Omni-7B: (43, 42) codes)."""
+    Frames are codes * repeats. The ODE's repeated forwards reach further; the error left is
+    what docs/streaming.md measures. Qwen2.5-Omni-7B (block_size 24, repeats 2, A = 1, B = 2,
+    BigVGAN reach 37 frames) gets (43, 42) codes."""
     block_size, repeats = dit_config.block_size, dit_config.repeats
     back = len(dit_config.look_backward_layers) * block_size
     ahead = (len(dit_config.look_ahead_layers) + 1) * block_size - 1

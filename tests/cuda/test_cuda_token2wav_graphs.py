@@ -99,3 +99,18 @@ def test_float16_chunks_by_default_on_the_gpu_within_their_bound(omni_dir):
     bound_abs, bound_snr = BOUNDS[torch.float16]
     assert max_abs <= bound_abs and snr >= bound_snr
     assert engines[None].model.num_float32_retries == 0
+
+
+def test_rk4_without_syncs_equals_transformers_on_the_gpu():
+    """integrate_rk4 with its steps queued (at most QUEUED_STEPS, waited on by events) gives
+    transformers' RungeKutta4ODESolver result bit for bit on the GPU, in float32."""
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+    from stages.qwen2_5_omni.token2wav_ode import integrate_rk4
+    from tests.unit.test_token2wav_rk4 import schedule, velocity
+
+    device = torch.device("cuda", 0)
+    initial = torch.randn(4, 96, 80, generator=torch.Generator().manual_seed(1)).to(device)
+    times = schedule(10, -1.0).to(device)
+    expected = RungeKutta4ODESolver(velocity, initial).integrate(times)[-1]
+    assert torch.equal(integrate_rk4(velocity, initial, times, 10, -1.0), expected)

@@ -1,4 +1,4 @@
-"""integrate_rk4 (stages/qwen2_5_omni/token2wav_chunks.py): the streamed chunks' ODE solve equals
+"""integrate_rk4 (stages/qwen2_5_omni/token2wav_ode.py): the streamed chunks' ODE solve equals
 transformers' RungeKutta4ODESolver.integrate(times)[-1] bit for bit, with no host sync where
 transformers makes 27 a chunk, and takes transformers' path on a schedule that does not rise."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
-from stages.qwen2_5_omni.token2wav_chunks import integrate_rk4
+from stages.qwen2_5_omni.token2wav_ode import integrate_rk4
 from tests.sync_counter import SyncCounter
 
 
