@@ -224,6 +224,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="decode part: torch.profiler over a few decode steps, graphs on and off (GPU busy)",
     )
+    p.add_argument(
+        "--profile-batch",
+        type=int_list,
+        help="B of each profile window (default: min(16, the largest --decode-batch))",
+    )
     p.add_argument("--profile-steps", type=int, default=8, help="decode steps profiled")
     p.add_argument("--profile-skip", type=int, default=3, help="full decode steps before them")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")

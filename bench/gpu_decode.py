@@ -37,8 +37,10 @@ from omni import AsyncOmni
 API_CATEGORIES = ("cuda_runtime", "cuda_driver")  # CUDA runtime / driver calls in the trace
 
 
-def profile_batch(args: argparse.Namespace) -> int:
-    return min(16, max(args.decode_batch))
+def profile_batches(args: argparse.Namespace) -> list[int]:
+    """The B of each profile window: --profile-batch, else min(16, the largest --decode-batch);
+    the first is the one the issue's GPU-busy row reports."""
+    return args.profile_batch or [min(16, max(args.decode_batch))]
 
 
 # ---- the profiler window -------------------------------------------------------------------------
@@ -102,6 +104,11 @@ class ProfileWindow:
         for start, stop in spans:  # union: overlapping kernels of two streams count once
             busy_us += max(0.0, stop - max(start, end))
             end = max(end, stop)
+        by_name: dict[str, float] = {}
+        for e in events:
+            if e.get("cat") == "kernel":
+                name = str(e.get("name", "?"))
+                by_name[name] = by_name.get(name, 0.0) + float(e.get("dur", 0.0))
         # cudaLaunchKernel(ExC), cuLaunchKernel(Ex) (Triton), cudaGraphLaunch, cuGraphLaunch.
         calls = [e.get("name", "") for e in events if e.get("cat") in API_CATEGORIES]
         n = len(self.records)
@@ -118,6 +125,8 @@ class ProfileWindow:
             "api_calls": len(calls),  # 0 on the GPU: the trace lacks the runtime calls
             "events": len(events),
             "on_gpu": self.device == "cuda",
+            # the kernels that took longest in all, us per step: where a step's GPU time goes
+            "top_kernels": sorted(((us / n, k) for k, us in by_name.items()), reverse=True)[:8],
         }
 
 
@@ -137,12 +146,13 @@ async def omni_pass(
         host = cast(Any, engine._driver().backend).hosts["llm"]
         timer = StepTimer()
         timer.install(host)
-        window = None
+        windows: dict[int, ProfileWindow] = {}
         try:
             levels = await timed_levels(engine, timer, tokenizer, args)
-            if args.profile:
-                batch = profile_batch(args)
-                window = ProfileWindow(args.device, batch, args.profile_skip, args.profile_steps)
+            for batch in profile_batches(args) if args.profile else []:
+                window = windows[batch] = ProfileWindow(
+                    args.device, batch, args.profile_skip, args.profile_steps
+                )
                 timer.on_record = window.on_record
                 tokens = args.profile_skip + args.profile_steps + 3
                 await decode_batch(engine, tokenizer, args, batch, 2, tokens)
@@ -150,11 +160,12 @@ async def omni_pass(
                 timer.take()
         finally:
             timer.uninstall()
-            if window is not None and window.prof is not None and not window.done:
-                window.prof.stop()  # the batch ended inside the window: summary() says so
-        profile = window.summary() if window is not None else None
+            for window in windows.values():
+                if window.prof is not None and not window.done:
+                    window.prof.stop()  # the batch ended inside the window: summary() says so
+        profiles = {batch: window.summary() for batch, window in windows.items()}
     release(args.device)
-    return {"startup_s": startup_s, "stats": stats, "levels": levels, "profile": profile}
+    return {"startup_s": startup_s, "stats": stats, "levels": levels, "profiles": profiles}
 
 
 # ---- transformers --------------------------------------------------------------------------------

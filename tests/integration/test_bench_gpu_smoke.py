@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 ARGS = (
     "--device cpu --size tiny --requests 2 --single 1 --hf-requests 1 --prefix-tokens 256 "
-    "--prefix-requests 2 --decode-batch 2,4 --decode-tokens 8 --profile"
+    "--prefix-requests 2 --decode-batch 2,4 --decode-tokens 8 --profile --profile-batch 4,2"
 ).split()
 ROWS = [
     "first audio, one request (p50)",
@@ -47,6 +47,9 @@ def test_the_gpu_bench_runs_every_part_on_the_cpu():
     assert "Traceback" not in output, output[-4000:]
     startup = output.index("start-up s")  # the decode part's start-up table, capture included
     assert "graphs captured" in output[startup : startup + 200]
+    profile = output[output.index("profile (torch.profiler, B=4, B=2)") :]
+    for batch in (2, 4):  # a window per --profile-batch, in each graph mode
+        assert f"|        graphs on | {batch} |" in profile, profile[:3000]
     table = output[output.index("## Issue 20's table") :]
     for row in ROWS:
         assert row in table, f"{row!r} missing from the closing table:\n{table}"
