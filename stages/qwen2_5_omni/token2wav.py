@@ -16,12 +16,12 @@ budget allows (the DiT's masks grow with the square of its length: token2wav_mem
 decoded in windows through the streaming path instead, on any device.
 
 On a GPU the model runs there (float32 weights) and the DiT draws its noise from that GPU's
-generator (seeded and forked the same way), as transformers does on that GPU; waveforms come
-back as CPU tensors. Streamed chunks run the DiT's matmuls in `stream.dtype` (float16 on a GPU
-by default, set_chunk_dtype) and replay as CUDA graphs (enable_cuda_graphs). The chunked path's noise is drawn on the CPU (request_noise: only the CPU
-generator gives the same values for every prefix of a request), so on a GPU streamed chunks use
-other noise than a whole-sequence decode of the same seed: equally valid speech, not the same
-samples (docs/gpu.md).
+generator (seeded and forked the same way), as transformers does; waveforms come back as CPU
+tensors. Streamed chunks run the DiT's matmuls in `stream.dtype` (float16 on a GPU by default,
+set_chunk_dtype, with the Linear weights copied into it) and replay as CUDA graphs. Their noise
+is drawn on the CPU (request_noise: only the CPU generator gives the same values for every
+prefix of a request), so on a GPU streamed chunks use other noise than a whole-sequence decode
+of the same seed: equally valid speech, not the same samples (docs/gpu.md).
 
 Streaming: `decode_chunks` decodes chunks of requests whose codes are still arriving, several
 in one batch, each from a bounded window of codes around it (stages/qwen2_5_omni/
@@ -49,6 +49,7 @@ from stages.qwen2_5_omni.token2wav_chunks import (
     Window,
     default_context,
     encode_speaker,
+    matmul_copy,
     plan_window,
     request_noise,
     solve_mels,
@@ -110,6 +111,7 @@ class OmniToken2WavAdapter(StageModelBase):
         self._encoded_speakers: dict[str, SpeakerInputs] = {}
         self.chunk_graphs: ChunkGraphs | None = None
         self.chunk_autocast: torch.dtype | None = None  # None: chunks in float32
+        self.chunk_dit = self.dit  # the DiT chunks run: matmul weights in chunk_autocast
         self.num_float32_retries = 0
 
     def _max_whole_codes(self, budget: int) -> int:
@@ -127,19 +129,17 @@ class OmniToken2WavAdapter(StageModelBase):
         )  # fmt: skip
 
     def set_chunk_dtype(self, dtype: torch.dtype) -> None:
-        """The DiT's matmul precision in chunks (torch.autocast): float32, float16 or
-        bfloat16. docs/streaming.md has the measured bounds."""
+        """The DiT's matmul precision in chunks (autocast, Linear weights in it: matmul_copy)."""
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ValueError(f"chunk dtype must be float32, float16 or bfloat16, got {dtype}")
         self.chunk_autocast = None if dtype == torch.float32 else dtype
+        self.chunk_dit = self.dit if dtype == torch.float32 else matmul_copy(self.dit, dtype)
 
     def enable_cuda_graphs(self, max_chunks_per_step: int, required: bool = False) -> None:
-        """Streamed chunks' DiT evaluations and BigVGAN replayed as CUDA graphs
-        (token2wav_graphs.py), frames padded to two attention blocks; on the CPU the same
-        shapes run eagerly. required: a failed capture raises (else it is logged and the chunks
-        run eagerly)."""
+        """Streamed chunks' DiT evaluations and BigVGAN replayed as CUDA graphs (frames padded to
+        two attention blocks; eager on the CPU). required: a failed capture raises (else the
+        chunks run eagerly)."""
         self.chunk_graphs = ChunkGraphs(
-            self.dit,
             frame_multiple=2 * self.dit.block_size,
             max_rows=max_chunks_per_step,
             required=required,
@@ -258,10 +258,10 @@ class OmniToken2WavAdapter(StageModelBase):
     def _solve(
         self, inputs: list[DitWindow], num_steps: int, sway_coefficient: float | None
     ) -> list[torch.Tensor]:
-        autocast, graphs = self.chunk_autocast, self.chunk_graphs
-        solved = solve_mels(self.dit, inputs, num_steps, sway_coefficient, graphs, autocast)
-        # float16's range is small: a batch that overflowed is solved again in float32 (one
-        # host sync per batch; the ODE's own time comparisons make nine more).
+        autocast, graphs, dit = self.chunk_autocast, self.chunk_graphs, self.chunk_dit
+        solved = solve_mels(dit, inputs, num_steps, sway_coefficient, graphs, autocast)
+        # float16's range is small: a batch that overflowed is solved again in float32 (the
+        # solve's one host sync).
         if autocast is not None and not bool(torch.isfinite(torch.cat(solved)).all()):
             self.num_float32_retries += 1
             logger.warning(
@@ -270,7 +270,7 @@ class OmniToken2WavAdapter(StageModelBase):
             solved = solve_mels(self.dit, inputs, num_steps, sway_coefficient, graphs, None)
             if self.num_float32_retries >= MAX_FLOAT32_RETRIES:  # these weights overflow it
                 logger.warning("token2wav: chunks in float32 from now on (%s overflowed)", autocast)
-                self.chunk_autocast = None
+                self.chunk_autocast, self.chunk_dit = None, self.dit
         return solved
 
     def _dit_window(self, job: ChunkJob, window: Window) -> DitWindow:

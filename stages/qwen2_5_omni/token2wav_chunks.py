@@ -25,6 +25,7 @@ padding). So each job's output equals its unbatched output up to float rounding.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Callable
@@ -118,6 +119,7 @@ class VelocityGraphsLike(Protocol):
 
     def velocity(
         self,
+        dit: torch.nn.Module,
         inputs: tuple[torch.Tensor, ...],
         state: torch.Tensor,
         time_step: torch.Tensor,
@@ -170,7 +172,7 @@ def solve_mels(
     if graphs is None:
         velocity = functools.partial(eager_velocity, dit, inputs, autocast)
     else:
-        velocity = graphs.velocity(inputs, initial, times[0], autocast)
+        velocity = graphs.velocity(dit, inputs, initial, times[0], autocast)
     final = integrate_rk4(velocity, initial, times, num_steps, sway_coefficient)
     return [final[row, :length] for row, length in enumerate(lengths)]
 
@@ -205,6 +207,24 @@ def dit_velocity(
         output = dit.proj_out(dit.norm_out(hidden, time_embedding))
     guided, null = torch.chunk(output.float(), 2, dim=0)
     return guided + (guided - null) * guidance
+
+
+def matmul_copy(dit: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """The DiT with its Linear layers' weights and biases stored in `dtype` (new tensors) and
+    every other parameter and buffer shared. Under torch.autocast(dtype) it computes exactly what
+    the float32 DiT does: autocast casts a Linear's float32 weights to dtype at every call (two
+    kernels a layer, 14 a DiT block, in every replayed evaluation) and leaves dtype ones as
+    they are; norms and embeddings keep their float32 parameters."""
+    memo: dict[int, object] = {}
+    for module in dit.modules():
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            converted = isinstance(module, torch.nn.Linear) and tensor.is_floating_point()
+            memo[id(tensor)] = (
+                torch.nn.Parameter(tensor.detach().to(dtype), requires_grad=False)
+                if converted
+                else tensor
+            )
+    return copy.deepcopy(dit, memo)
 
 
 def eager_velocity(

@@ -101,7 +101,6 @@ class ChunkGraphs:
 
     def __init__(
         self,
-        dit: nn.Module,
         *,
         frame_multiple: int,
         max_rows: int,
@@ -118,7 +117,7 @@ class ChunkGraphs:
                 f"frame_multiple {frame_multiple}, max_rows {max_rows} and max_graphs "
                 f"{max_graphs} must be positive"
             )
-        self._dit, self._bigvgan = dit, bigvgan
+        self._bigvgan = bigvgan
         self.frame_multiple = frame_multiple
         self.max_rows = max_rows
         self._velocity: GraphCache[VelocityGraph] = GraphCache(
@@ -172,22 +171,24 @@ class ChunkGraphs:
 
     def velocity(
         self,
+        dit: nn.Module,
         inputs: tuple[torch.Tensor, ...],
         state: torch.Tensor,
         time_step: torch.Tensor,
         autocast: torch.dtype | None = None,
     ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """The graph of these shapes and precision (captured now if new), loaded with this
-        solve's inputs; an eager velocity once a capture has failed."""
+        """The graph of these shapes and precision (captured now if new, of `dit`: a caller
+        passes one DiT per precision), loaded with this solve's inputs; an eager velocity once
+        a capture has failed."""
         shape: Shape = (*(tuple(t.shape) for t in (state, *inputs)), autocast)
         cache = self._velocity
         graph = cache.get(
             shape,
-            lambda: VelocityGraph(self._dit, inputs, state, time_step, cache.pool, autocast),
+            lambda: VelocityGraph(dit, inputs, state, time_step, cache.pool, autocast),
             state.device,
         )
         if graph is None:
-            return functools.partial(eager_velocity, self._dit, inputs, autocast)
+            return functools.partial(eager_velocity, dit, inputs, autocast)
         graph.load(inputs)
         return _Counted(graph, self)
 

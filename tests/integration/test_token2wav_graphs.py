@@ -58,14 +58,14 @@ def assert_chunks_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> No
 
 
 def test_padded_shapes():
-    graphs = ChunkGraphs(torch.nn.Module(), frame_multiple=48, max_rows=6)
+    graphs = ChunkGraphs(frame_multiple=48, max_rows=6)
     assert graphs.padded_shape(1, 1) == (48, 1)
     assert graphs.padded_shape(48, 2) == (48, 2)
     assert graphs.padded_shape(49, 3) == (96, 4)
     assert graphs.padded_shape(10, 5) == (48, 6)  # the next power of two, capped at max_rows
     assert graphs.padded_shape(10, 7) == (48, 7)  # more than max_rows: as many as there are
     with pytest.raises(ValueError, match="frame_multiple 0"):
-        ChunkGraphs(torch.nn.Module(), frame_multiple=0, max_rows=1)
+        ChunkGraphs(frame_multiple=0, max_rows=1)
 
 
 def test_graphed_chunks_equal_eager_and_reuse_their_shapes(omni_dir, amplified):

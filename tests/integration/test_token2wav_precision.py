@@ -6,15 +6,18 @@ the dtype from the config. The amplified DiT (test_token2wav_stream.py) makes ro
 
 from __future__ import annotations
 
+import collections
 import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from omni.config import ConfigError
 from omni.engine import GenerationEngine
 from omni.engine.graph_plan import chunk_dtype
 from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
+from stages.qwen2_5_omni.token2wav_chunks import _block_diff, dit_velocity, matmul_copy
 from tests.integration.test_token2wav_graphs import jobs_of, stream, token2wav_stage
 from tests.integration.test_token2wav_stream import amplify_dit, random_codes
 
@@ -23,6 +26,18 @@ pytestmark = pytest.mark.slow
 # dtype -> (max abs difference, SNR dB) against float32 chunks: measured 4.3e-3 / 56 dB
 # (float16) and 2.1e-2 / 40 dB (bfloat16) on the amplified tiny checkpoint, with margin.
 BOUNDS = {torch.float16: (1e-2, 50.0), torch.bfloat16: (5e-2, 35.0)}
+
+
+class OpCounter(TorchDispatchMode):
+    """The aten ops a block dispatches, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def adapter_in(omni_dir: str, dtype: torch.dtype, graphs: bool = False) -> OmniToken2WavAdapter:
@@ -65,9 +80,10 @@ def test_a_float16_overflow_is_decoded_again_in_float32(omni_dir):
     again in float32, giving exactly the float32 chunks; after three, float32 for good."""
     huge = {}
     for dtype in (torch.float32, torch.float16):
-        adapter = adapter_in(omni_dir, dtype)
-        with torch.no_grad():
+        adapter = amplify_dit(OmniToken2WavAdapter(omni_dir))
+        with torch.no_grad():  # before set_chunk_dtype, which copies the matmul weights
             adapter.dit.proj_out.weight.mul_(1e5)
+        adapter.set_chunk_dtype(dtype)
         huge[dtype] = adapter
     codes = random_codes(60, seed=2)
     want = huge[torch.float32].decode_chunks(jobs_of(codes))
@@ -103,3 +119,30 @@ def test_dtype_errors(omni_dir):
     assert chunk_dtype(token2wav_stage(omni_dir, False), object(), torch.device("cuda")) == (
         torch.float32
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_the_matmul_copy_computes_what_autocast_does_with_fewer_casts(omni_dir, dtype):
+    """matmul_copy's DiT (Linear weights stored in dtype) under autocast gives the float32 DiT's
+    autocast velocity bit for bit, with two fewer casts per Linear layer (kernels on a GPU)."""
+    adapter = amplify_dit(OmniToken2WavAdapter(omni_dir))
+    dit, copy = adapter.dit, matmul_copy(adapter.dit, dtype)
+    linears = [m for m in dit.modules() if isinstance(m, torch.nn.Linear)]
+    assert all(m.weight.dtype == dtype for m in copy.modules() if isinstance(m, torch.nn.Linear))
+    assert copy.time_embed is not dit.time_embed and linears[0].weight.dtype == torch.float32
+    rows, frames = 2, 2 * dit.block_size
+    state = torch.randn(rows, frames, dit.mel_dim, generator=torch.Generator().manual_seed(0))
+    static = torch.randn(2 * rows, frames, dit.input_embed.proj.in_features - dit.mel_dim)
+    cos, sin = dit.rotary_embed(state, torch.arange(frames).repeat(2 * rows, 1))
+    inputs = (static, cos, sin, _block_diff([frames, frames - 5], frames, dit.block_size))
+    inputs += (torch.full((rows, 1, 1), 0.7),)
+    time = torch.tensor(0.25)
+    casts = {}
+    results = {}
+    for name, module in (("float32", dit), ("copy", copy)):
+        with torch.inference_mode(), OpCounter() as counter:
+            results[name] = dit_velocity(module, time, state, *inputs, autocast=dtype)
+        casts[name] = counter.ops["to"]  # under inference_mode: `to`, a copy when it casts
+    assert torch.equal(results["copy"], results["float32"])
+    num_biases = sum(m.bias is not None for m in linears)
+    assert casts["float32"] - casts["copy"] == len(linears) + num_biases
