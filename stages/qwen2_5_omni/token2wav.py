@@ -49,11 +49,11 @@ from stages.qwen2_5_omni.token2wav_chunks import (
     Window,
     default_context,
     encode_speaker,
-    matmul_copy,
     plan_window,
     request_noise,
     solve_mels,
 )
+from stages.qwen2_5_omni.token2wav_dit import matmul_copy
 from stages.qwen2_5_omni.token2wav_graphs import ChunkGraphs
 from stages.qwen2_5_omni.token2wav_memory import (
     WHOLE_DECODE_BUDGET_BYTES,

@@ -25,7 +25,6 @@ padding). So each job's output equals its unbatched output up to float rounding.
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 from collections.abc import Callable
@@ -36,6 +35,7 @@ import torch
 from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniDiTConfig
 
 from omni.runtime.stage_model import ChunkJob
+from stages.qwen2_5_omni.token2wav_dit import eager_velocity
 from stages.qwen2_5_omni.token2wav_ode import integrate_rk4
 
 GUIDANCE_OFF = 1e-5  # transformers' sample(): a guidance_scale below this runs without CFG
@@ -175,67 +175,6 @@ def solve_mels(
         velocity = graphs.velocity(dit, inputs, initial, times[0], autocast)
     final = integrate_rk4(velocity, initial, times, num_steps, sway_coefficient)
     return [final[row, :length] for row, length in enumerate(lengths)]
-
-
-def dit_velocity(
-    dit: torch.nn.Module,
-    time_step: torch.Tensor,
-    state: torch.Tensor,
-    static: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    block_diff: torch.Tensor,
-    guidance: torch.Tensor,
-    *,
-    autocast: torch.dtype | None = None,
-) -> torch.Tensor:
-    """One evaluation of the ODE: the DiT's own modules in its order (speaker encoder hoisted
-    out into `static`), the conditioned and null (CFG) rows of every job in one forward,
-    combined by each job's guidance. autocast: the forward's matmul dtype under torch.autocast
-    (norms, softmax and the time sinusoid stay float32); the result is float32. Device work
-    only (no host sync): capturable."""
-    num_rows = state.shape[0]
-    enabled = autocast is not None
-    with torch.autocast(state.device.type, dtype=autocast or torch.bfloat16, enabled=enabled):
-        time_embedding = dit.time_embed(time_step.repeat(2 * num_rows))
-        hidden = dit.input_embed.proj(torch.cat((torch.cat([state, state]), static), dim=-1))
-        block_diff = block_diff.expand(-1, dit.num_attention_heads, -1, -1)
-        for layer in dit.transformer_blocks:
-            hidden = layer(
-                hidden, time_embedding, position_embeddings=(cos, sin), block_diff=block_diff
-            )
-        output = dit.proj_out(dit.norm_out(hidden, time_embedding))
-    guided, null = torch.chunk(output.float(), 2, dim=0)
-    return guided + (guided - null) * guidance
-
-
-def matmul_copy(dit: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """The DiT with its Linear layers' weights and biases stored in `dtype` (new tensors) and
-    every other parameter and buffer shared. Under torch.autocast(dtype) it computes exactly what
-    the float32 DiT does: autocast casts a Linear's float32 weights to dtype at every call (two
-    kernels a layer, 14 a DiT block, in every replayed evaluation) and leaves dtype ones as
-    they are; norms and embeddings keep their float32 parameters."""
-    memo: dict[int, object] = {}
-    for module in dit.modules():
-        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-            converted = isinstance(module, torch.nn.Linear) and tensor.is_floating_point()
-            memo[id(tensor)] = (
-                torch.nn.Parameter(tensor.detach().to(dtype), requires_grad=False)
-                if converted
-                else tensor
-            )
-    return copy.deepcopy(dit, memo)
-
-
-def eager_velocity(
-    dit: torch.nn.Module,
-    inputs: tuple[torch.Tensor, ...],
-    autocast: torch.dtype | None,
-    time_step: torch.Tensor,
-    state: torch.Tensor,
-) -> torch.Tensor:
-    """dit_velocity with a solve's inputs bound first (the RK4 solver passes time and state)."""
-    return dit_velocity(dit, time_step, state, *inputs, autocast=autocast)
 
 
 def _conditioning(

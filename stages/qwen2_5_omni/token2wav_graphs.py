@@ -34,7 +34,7 @@ from torch import nn
 
 from omni.runtime.graph_cache import GraphCache, capture_graph
 from omni.runtime.host_upload import upload
-from stages.qwen2_5_omni.token2wav_chunks import dit_velocity, eager_velocity
+from stages.qwen2_5_omni.token2wav_dit import dit_velocity, eager_velocity
 from stages.qwen2_5_omni.token2wav_vocoder import vocode_padded
 
 Shape = tuple[object, ...]  # the inputs' shapes and the autocast dtype

@@ -17,7 +17,8 @@ from omni.config import ConfigError
 from omni.engine import GenerationEngine
 from omni.engine.graph_plan import chunk_dtype
 from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
-from stages.qwen2_5_omni.token2wav_chunks import _block_diff, dit_velocity, matmul_copy
+from stages.qwen2_5_omni.token2wav_chunks import _block_diff
+from stages.qwen2_5_omni.token2wav_dit import dit_velocity, matmul_copy
 from tests.integration.test_token2wav_graphs import jobs_of, stream, token2wav_stage
 from tests.integration.test_token2wav_stream import amplify_dit, random_codes
 

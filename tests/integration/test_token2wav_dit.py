@@ -1,0 +1,62 @@
+"""dit_velocity (stages/qwen2_5_omni/token2wav_dit.py) against the DiT's own layers: the same
+velocity bit for bit, float32 and under autocast, with each attention mask built once per reach
+instead of once per layer (on the amplified tiny DiT, whose layers mix frames)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
+from stages.qwen2_5_omni.token2wav_chunks import _block_diff
+from stages.qwen2_5_omni.token2wav_dit import dit_velocity
+from tests.integration.test_token2wav_precision import OpCounter
+from tests.integration.test_token2wav_stream import amplify_dit
+
+pytestmark = pytest.mark.slow
+
+
+def layers_velocity(dit, time_step, state, static, cos, sin, block_diff, guidance, autocast):
+    """The DiT's forward through its DiTDecoderLayer modules (each builds its own mask)."""
+    rows = state.shape[0]
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        time_embedding = dit.time_embed(time_step.repeat(2 * rows))
+        hidden = dit.input_embed.proj(torch.cat((torch.cat([state, state]), static), dim=-1))
+        block_diff = block_diff.expand(-1, dit.num_attention_heads, -1, -1)
+        for layer in dit.transformer_blocks:
+            hidden = layer(
+                hidden, time_embedding, position_embeddings=(cos, sin), block_diff=block_diff
+            )
+        output = dit.proj_out(dit.norm_out(hidden, time_embedding))
+    guided, null = torch.chunk(output.float(), 2, dim=0)
+    return guided + (guided - null) * guidance
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=str)
+def test_the_velocity_equals_the_layers_with_masks_built_once_per_reach(omni_dir, autocast):
+    dit = amplify_dit(OmniToken2WavAdapter(omni_dir)).dit
+    # The tiny DiT's two layers reach differently; a third with the first's reach shares its
+    # mask (the 7B DiT's 22 layers have three reaches).
+    dit.transformer_blocks.append(copy.deepcopy(dit.transformer_blocks[0]))
+    reaches = {
+        (layer.look_backward_block, layer.look_ahead_block) for layer in dit.transformer_blocks
+    }
+    rows, frames = 2, 3 * dit.block_size
+    generator = torch.Generator().manual_seed(3)
+    state = torch.randn(rows, frames, dit.mel_dim, generator=generator)
+    static = torch.randn(
+        2 * rows, frames, dit.input_embed.proj.in_features - dit.mel_dim, generator=generator
+    )
+    cos, sin = dit.rotary_embed(state, torch.arange(frames).repeat(2 * rows, 1))
+    block_diff = _block_diff([frames, frames - 30], frames, dit.block_size)
+    inputs = (static, cos, sin, block_diff, torch.tensor([0.5, 0.0]).view(rows, 1, 1))
+    time = torch.tensor(0.4)
+    with torch.inference_mode(), OpCounter() as theirs:
+        want = layers_velocity(dit, time, state, *inputs, autocast)
+    with torch.inference_mode(), OpCounter() as ours:
+        got = dit_velocity(dit, time, state, *inputs, autocast=autocast)
+    assert torch.equal(got, want)
+    assert theirs.ops["ge"] == len(dit.transformer_blocks)
+    assert ours.ops["ge"] == len(reaches) < len(dit.transformer_blocks)
