@@ -4,7 +4,8 @@ dit_velocity is the DiT's forward in its own modules' order (Qwen2_5OmniToken2Wa
 its DiTDecoderLayer), with what does not change between an ODE's evaluations taken out: the
 speaker encoder (the caller's `static` conditioning) and the attention masks, which every layer
 of transformers' forward builds anew from the block differences (three kernels a layer), here
-once per distinct (look back, look ahead) reach per evaluation. The streamed chunks against
+once per distinct (look back, look ahead) reach per evaluation, and the SiLU of the time
+embedding that every layer's adaptive norm takes, once per evaluation. The streamed chunks against
 transformers' whole decode (tests/integration/test_token2wav_stream.py) check that it stays the
 same computation.
 """
@@ -40,11 +41,12 @@ def dit_velocity(
         hidden = dit.input_embed.proj(torch.cat((torch.cat([state, state]), static), dim=-1))
         block_diff = block_diff.expand(-1, dit.num_attention_heads, -1, -1)
         masks: dict[tuple[float, float], torch.Tensor] = {}
+        activated = torch.nn.functional.silu(time_embedding)  # each layer's AdaLN input
         for layer in dit.transformer_blocks:
             reach = (-float(layer.look_backward_block), float(layer.look_ahead_block))
             if reach not in masks:  # the layer's own forward would compute it each time
                 masks[reach] = (block_diff >= reach[0]) & (block_diff <= reach[1])
-            hidden = dit_block(layer, hidden, time_embedding, (cos, sin), masks[reach])
+            hidden = dit_block(layer, hidden, activated, (cos, sin), masks[reach])
         output = dit.proj_out(dit.norm_out(hidden, time_embedding))
     guided, null = torch.chunk(output.float(), 2, dim=0)
     return guided + (guided - null) * guidance
@@ -82,12 +84,16 @@ def eager_velocity(
 def dit_block(
     layer: torch.nn.Module,
     hidden: torch.Tensor,
-    time_embedding: torch.Tensor,
+    activated: torch.Tensor,
     position_embeddings: tuple[torch.Tensor, torch.Tensor],
     mask: torch.Tensor,
 ) -> torch.Tensor:
-    """A DiTDecoderLayer's forward, its attention mask given (the same ops otherwise)."""
-    norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = layer.attn_norm(hidden, emb=time_embedding)
+    """A DiTDecoderLayer's forward (its AdaLayerNormZero's too), given its attention mask and
+    `activated`, the SiLU of the time embedding, which each layer's norm would compute anew."""
+    adaptive = layer.attn_norm
+    modulation = torch.chunk(adaptive.linear(activated), 6, dim=1)
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation
+    norm = adaptive.norm(hidden) * (1 + scale_msa[:, None]) + shift_msa[:, None]
     attended = layer.attn(
         hidden_states=norm, position_embeddings=position_embeddings, attention_mask=mask
     )

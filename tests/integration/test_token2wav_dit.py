@@ -1,6 +1,7 @@
 """dit_velocity (stages/qwen2_5_omni/token2wav_dit.py) against the DiT's own layers: the same
 velocity bit for bit, float32 and under autocast, with each attention mask built once per reach
-instead of once per layer (on the amplified tiny DiT, whose layers mix frames)."""
+instead of once per layer and the time embedding's SiLU once (on the amplified tiny DiT, whose
+layers mix frames)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,6 @@ def test_the_velocity_equals_the_layers_with_masks_built_once_per_reach(omni_dir
     assert torch.equal(got, want)
     assert theirs.ops["ge"] == len(dit.transformer_blocks)
     assert ours.ops["ge"] == len(reaches) < len(dit.transformer_blocks)
+    # the time embedding's SiLU once, not in each layer's adaptive norm
+    assert theirs.ops["silu"] - ours.ops["silu"] == len(dit.transformer_blocks) - 1
+    assert sum(ours.ops.values()) < sum(theirs.ops.values())
