@@ -100,3 +100,33 @@ def dit_block(
     hidden = hidden + gate_msa.unsqueeze(1) * attended
     norm = layer.ff_norm(hidden) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
     return hidden + gate_mlp.unsqueeze(1) * layer.ff(norm)
+
+
+def reference_velocity(
+    dit: torch.nn.Module,
+    time_step: torch.Tensor,
+    state: torch.Tensor,
+    static: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    block_diff: torch.Tensor,
+    guidance: torch.Tensor,
+    *,
+    autocast: torch.dtype | None = None,
+) -> torch.Tensor:
+    """dit_velocity through transformers' DiTDecoderLayer modules as they are (each builds its
+    own mask and SiLU): the reference tests and bench/dit_kernels.py hold dit_velocity to."""
+    rows = state.shape[0]
+    with torch.autocast(
+        state.device.type, dtype=autocast or torch.bfloat16, enabled=bool(autocast)
+    ):
+        time_embedding = dit.time_embed(time_step.repeat(2 * rows))
+        hidden = dit.input_embed.proj(torch.cat((torch.cat([state, state]), static), dim=-1))
+        block_diff = block_diff.expand(-1, dit.num_attention_heads, -1, -1)
+        for layer in dit.transformer_blocks:
+            hidden = layer(
+                hidden, time_embedding, position_embeddings=(cos, sin), block_diff=block_diff
+            )
+        output = dit.proj_out(dit.norm_out(hidden, time_embedding))
+    guided, null = torch.chunk(output.float(), 2, dim=0)
+    return guided + (guided - null) * guidance

@@ -12,27 +12,11 @@ import torch
 
 from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
 from stages.qwen2_5_omni.token2wav_chunks import _block_diff
-from stages.qwen2_5_omni.token2wav_dit import dit_velocity
+from stages.qwen2_5_omni.token2wav_dit import dit_velocity, reference_velocity
 from tests.integration.test_token2wav_precision import OpCounter
 from tests.integration.test_token2wav_stream import amplify_dit
 
 pytestmark = pytest.mark.slow
-
-
-def layers_velocity(dit, time_step, state, static, cos, sin, block_diff, guidance, autocast):
-    """The DiT's forward through its DiTDecoderLayer modules (each builds its own mask)."""
-    rows = state.shape[0]
-    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-        time_embedding = dit.time_embed(time_step.repeat(2 * rows))
-        hidden = dit.input_embed.proj(torch.cat((torch.cat([state, state]), static), dim=-1))
-        block_diff = block_diff.expand(-1, dit.num_attention_heads, -1, -1)
-        for layer in dit.transformer_blocks:
-            hidden = layer(
-                hidden, time_embedding, position_embeddings=(cos, sin), block_diff=block_diff
-            )
-        output = dit.proj_out(dit.norm_out(hidden, time_embedding))
-    guided, null = torch.chunk(output.float(), 2, dim=0)
-    return guided + (guided - null) * guidance
 
 
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=str)
@@ -55,7 +39,7 @@ def test_the_velocity_equals_the_layers_with_masks_built_once_per_reach(omni_dir
     inputs = (static, cos, sin, block_diff, torch.tensor([0.5, 0.0]).view(rows, 1, 1))
     time = torch.tensor(0.4)
     with torch.inference_mode(), OpCounter() as theirs:
-        want = layers_velocity(dit, time, state, *inputs, autocast)
+        want = reference_velocity(dit, time, state, *inputs, autocast=autocast)
     with torch.inference_mode(), OpCounter() as ours:
         got = dit_velocity(dit, time, state, *inputs, autocast=autocast)
     assert torch.equal(got, want)
