@@ -82,9 +82,11 @@ def urgent_stream(device: torch.device, urgent: bool) -> Iterator[None]:
     if stream is None:
         stream = _urgent_streams[key] = torch.cuda.Stream(device=device, priority=URGENT_PRIORITY)
     stream.wait_stream(current)
-    with torch.cuda.stream(stream):
-        yield
-    current.wait_stream(stream)
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:  # a failed step's queued work too: the thread's next launches come after it
+        current.wait_stream(stream)
 
 
 def resolve_device(config: StageConfig) -> torch.device:
