@@ -1,13 +1,12 @@
 """One evaluation of the DiT for streamed chunks (dit_velocity), and the DiT they run.
 
 dit_velocity is the DiT's forward in its own modules' order (Qwen2_5OmniToken2WavDiTModel and
-its DiTDecoderLayer), with what does not change between an ODE's evaluations taken out: the
-speaker encoder (the caller's `static` conditioning) and the attention masks, which every layer
-of transformers' forward builds anew from the block differences (three kernels a layer), here
-once per distinct (look back, look ahead) reach per evaluation, and the SiLU of the time
-embedding that every layer's adaptive norm takes, once per evaluation. The streamed chunks against
-transformers' whole decode (tests/integration/test_token2wav_stream.py) check that it stays the
-same computation.
+its DiTDecoderLayer) with less repeated work: the speaker encoder runs once per speaker (the
+caller's `static` conditioning); the attention masks, which every layer of transformers' forward
+builds anew from the block differences (three kernels a layer), once per distinct (look back,
+look ahead) reach; the SiLU of the time embedding, which every layer's adaptive norm takes, once.
+With `own_layers` it runs transformers' layer forwards as they are instead: the reference that
+tests/integration/test_token2wav_dit.py and bench/dit_kernels.py hold it to, bit for bit.
 """
 
 from __future__ import annotations
@@ -28,12 +27,13 @@ def dit_velocity(
     guidance: torch.Tensor,
     *,
     autocast: torch.dtype | None = None,
+    own_layers: bool = False,
 ) -> torch.Tensor:
     """One evaluation of the ODE: the DiT's own modules in its order (speaker encoder hoisted
     out into `static`), the conditioned and null (CFG) rows of every job in one forward,
     combined by each job's guidance. autocast: the forward's matmul dtype under torch.autocast
     (norms, softmax and the time sinusoid stay float32); the result is float32. Device work
-    only (no host sync): capturable."""
+    only (no host sync): capturable. own_layers: each DiTDecoderLayer's forward as it is."""
     num_rows = state.shape[0]
     enabled = autocast is not None
     with torch.autocast(state.device.type, dtype=autocast or torch.bfloat16, enabled=enabled):
@@ -41,8 +41,13 @@ def dit_velocity(
         hidden = dit.input_embed.proj(torch.cat((torch.cat([state, state]), static), dim=-1))
         block_diff = block_diff.expand(-1, dit.num_attention_heads, -1, -1)
         masks: dict[tuple[float, float], torch.Tensor] = {}
-        activated = torch.nn.functional.silu(time_embedding)  # each layer's AdaLN input
+        # each layer's adaptive-norm input (its own forward computes it)
+        activated = None if own_layers else torch.nn.functional.silu(time_embedding)
         for layer in dit.transformer_blocks:
+            if activated is None:
+                embedding = (cos, sin)
+                hidden = layer(hidden, time_embedding, embedding, block_diff=block_diff)
+                continue
             reach = (-float(layer.look_backward_block), float(layer.look_ahead_block))
             if reach not in masks:  # the layer's own forward would compute it each time
                 masks[reach] = (block_diff >= reach[0]) & (block_diff <= reach[1])
@@ -100,33 +105,3 @@ def dit_block(
     hidden = hidden + gate_msa.unsqueeze(1) * attended
     norm = layer.ff_norm(hidden) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
     return hidden + gate_mlp.unsqueeze(1) * layer.ff(norm)
-
-
-def reference_velocity(
-    dit: torch.nn.Module,
-    time_step: torch.Tensor,
-    state: torch.Tensor,
-    static: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    block_diff: torch.Tensor,
-    guidance: torch.Tensor,
-    *,
-    autocast: torch.dtype | None = None,
-) -> torch.Tensor:
-    """dit_velocity through transformers' DiTDecoderLayer modules as they are (each builds its
-    own mask and SiLU): the reference tests and bench/dit_kernels.py hold dit_velocity to."""
-    rows = state.shape[0]
-    with torch.autocast(
-        state.device.type, dtype=autocast or torch.bfloat16, enabled=bool(autocast)
-    ):
-        time_embedding = dit.time_embed(time_step.repeat(2 * rows))
-        hidden = dit.input_embed.proj(torch.cat((torch.cat([state, state]), static), dim=-1))
-        block_diff = block_diff.expand(-1, dit.num_attention_heads, -1, -1)
-        for layer in dit.transformer_blocks:
-            hidden = layer(
-                hidden, time_embedding, position_embeddings=(cos, sin), block_diff=block_diff
-            )
-        output = dit.proj_out(dit.norm_out(hidden, time_embedding))
-    guided, null = torch.chunk(output.float(), 2, dim=0)
-    return guided + (guided - null) * guidance

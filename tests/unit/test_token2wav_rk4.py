@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
-from stages.qwen2_5_omni.token2wav_ode import integrate_rk4
+from stages.qwen2_5_omni.token2wav_ode import _strictly_increasing, integrate_rk4
 from tests.sync_counter import SyncCounter
 
 
@@ -47,6 +47,7 @@ def test_a_schedule_that_does_not_rise_takes_transformers_path():
     num_steps, sway = 10, 3.0
     times = schedule(num_steps, sway)
     assert not bool((times[1:] > times[:-1]).all())
+    assert not _strictly_increasing(num_steps, sway)  # so integrate_rk4 hands it on
     initial = torch.randn(1, 24, 80, generator=torch.Generator().manual_seed(0))
     expected = RungeKutta4ODESolver(velocity, initial).integrate(times)[-1]
     got = integrate_rk4(velocity, initial, times, num_steps, sway)
