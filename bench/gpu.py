@@ -24,7 +24,8 @@ Prints the device, then (each part optional, see --skip):
    wrapped with timers: the CPU time of schedule + update per decode step as a share of the step.
 5. decode: the same decoder, omni's decode step at each --decode-batch B with CUDA graphs on,
    on with `engine.async_scheduling` (each step launched before the previous one's ids are
-   read; --skip ahead leaves it out), and off (`engine.cuda_graphs` true / false; on the CPU
+   read; --skip ahead leaves it out), that with the stage in a process of its own
+   (`runtime.backend: processes`; --skip processes leaves it out; no profile there), and off (`engine.cuda_graphs` true / false; on the CPU
    true is the padded eager path): StageEngine
    step wall time over the steps where all B requests decode, tokens/s, start-up (the AsyncOmni
    constructor, capture included) and the stage's cuda_graph_capture_s / cuda_graph_bytes;
@@ -113,7 +114,7 @@ from gpu_omni import hf_section, omni_section  # noqa: E402
 from gpu_qwen3_checkpoint import LAYERS, TALKER_LAYERS, qwen3_checkpoint  # noqa: E402
 from gpu_report import report_omni, report_prefix, report_steps  # noqa: E402
 from gpu_targets import Target, print_targets  # noqa: E402
-from gpu_timing import device_line, release  # noqa: E402
+from gpu_timing import device_line, release, time_stage_processes  # noqa: E402
 
 from tools.make_tiny_checkpoint import count_parameters  # noqa: E402
 
@@ -237,9 +238,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--skip",
         action="append",
         default=[],
-        choices=["hf", "omni", "prefix", "steps", "decode", "hf-dynamic", "hf-static", "ahead"],
+        choices=[
+            "hf",
+            "omni",
+            "prefix",
+            "steps",
+            "decode",
+            "hf-dynamic",
+            "hf-static",
+            "ahead",
+            "processes",
+        ],  # fmt: skip
         help="leave a part out (repeatable); hf-dynamic / hf-static: a baseline of the decode "
-        "part; ahead: its pass with engine.async_scheduling",
+        "part; ahead: its pass with engine.async_scheduling; processes: that pass with the "
+        "stage in a process of its own",
     )
     args = p.parse_args(argv)
     args.fam = fam = FAMILIES[args.family]
@@ -371,6 +383,9 @@ def prepare(label: str, build: Callable[[], Path]) -> str:
     )
     return str(path)
 
+
+if __name__ == "__mp_main__":  # a stage process of the decode part's "processes" pass
+    time_stage_processes()
 
 if __name__ == "__main__":
     main()

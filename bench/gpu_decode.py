@@ -29,7 +29,7 @@ from typing import Any, cast
 import torch
 from gpu_decode_modes import Mode, mode_label
 from gpu_decoder import decode_batch, decode_overrides, timed_levels
-from gpu_timing import StepRecord, StepTimer, release, sync
+from gpu_timing import StageProcessTimer, StepRecord, StepTimer, release, sync
 from gpu_workload import random_ids
 
 from omni import AsyncOmni
@@ -134,15 +134,21 @@ class ProfileWindow:
 async def omni_pass(
     model_dir: str, tokenizer: Any, args: argparse.Namespace, mode: Mode
 ) -> dict[str, Any]:
-    """mode: True graphs on, False off, "ahead" graphs on with engine.async_scheduling."""
+    """mode: True graphs on, False off, "ahead" graphs on with engine.async_scheduling,
+    "processes" that with the stage in a process of its own (no profile window there)."""
     overrides = decode_overrides(args)
     overrides["stages.llm.engine.cuda_graphs"] = mode is not False
-    overrides["stages.llm.engine.async_scheduling"] = mode == "ahead"
+    overrides["stages.llm.engine.async_scheduling"] = mode in ("ahead", "processes")
+    if mode == "processes":
+        overrides["runtime.backend"] = "processes"
     sync(args.device)
     t0 = time.perf_counter()
     async with AsyncOmni(model=model_dir, **overrides) as engine:
         startup_s = time.perf_counter() - t0
         stats = engine.stats()["llm"]
+        if mode == "processes":
+            levels = await timed_levels(engine, StageProcessTimer(engine), tokenizer, args)
+            return {"startup_s": startup_s, "stats": stats, "levels": levels, "profiles": {}}
         host = cast(Any, engine._driver().backend).hosts["llm"]
         timer = StepTimer()
         timer.install(host)
@@ -280,7 +286,9 @@ def decode_section(model_dir: str, tokenizer: Any, args: argparse.Namespace) -> 
             release(args.device)
 
     # Graphs first: its start-up is not flattered by warm caches.
-    modes: tuple[Mode, ...] = (True, "ahead", False) if "ahead" not in args.skip else (True, False)
+    modes: tuple[Mode, ...] = tuple(
+        m for m in (True, "ahead", "processes", False) if m not in args.skip
+    )
     for mode in modes:
         label = f"omni {mode_label(mode)}"
         out["omni"][mode] = attempt(

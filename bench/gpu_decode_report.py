@@ -69,13 +69,16 @@ def report_decode(results: dict[str, Any], args: argparse.Namespace) -> list[Tar
         "requests feed one token (p50 and mean), after a warm-up batch; graphs on = "
         "engine.cuda_graphs true (on the CPU: the padded eager path), off = false; replays / "
         "padded / eager = the stage's graph_steps / padded_decode_steps / eager_steps during the "
-        "level. transformers: the same "
+        "level; delivered tok/s = B x tokens / the level's wall, prefill included (what the caller "
+        "received: a stage in a process of its own may step faster than it is served). "
+        "transformers: the same "
         "prompts in one batch, ms per step = (generate of N tokens - generate of 1) / (N - 1), "
         "each the best of two after a warm-up generate of its shape; static = cache_implementation='static' "
         "(compiled with CUDA graphs on a GPU, eager on the CPU). x = transformers' step / omni's\n"
     )
     header = (
-        "B", "omni", "decode steps", "step p50 ms", "step mean ms", "tok/s", "replays",
+        "B", "omni", "decode steps", "step p50 ms", "step mean ms", "tok/s", "delivered tok/s",
+        "replays",
         "padded", "eager", "x HF dynamic", "x HF static",
     )  # fmt: skip
     rows = []
@@ -92,6 +95,7 @@ def report_decode(results: dict[str, Any], args: argparse.Namespace) -> list[Tar
                     _ms(p50),
                     _ms(statistics.mean(steps) if steps else None),
                     f"{batch / p50:,.0f}" if p50 else "-",
+                    f"{batch * args.decode_tokens / level['wall']:,.0f}",
                     f"{after.get('graph_steps', 0) - before.get('graph_steps', 0)}",
                     f"{after.get('padded_decode_steps', 0) - before.get('padded_decode_steps', 0)}",
                     f"{after['eager_steps'] - before['eager_steps']}",
@@ -106,7 +110,7 @@ def report_decode(results: dict[str, Any], args: argparse.Namespace) -> list[Tar
             rows.append(
                 (
                     str(row["batch"]), f"transformers {cache}", str(args.decode_tokens - 1),
-                    _ms(step), "-", tok_s, "-", "-", "-", "-", "-",
+                    _ms(step), "-", tok_s, "-", "-", "-", "-", "-", "-",
                 )
             )  # fmt: skip
     table(header, rows)
@@ -218,7 +222,8 @@ def decode_targets(results: dict[str, Any], args: argparse.Namespace) -> list[Ta
     for batch in args.decode_batch:
         step = omni_step_s(ours, batch)
         ahead = omni_step_s(omni.get("ahead"), batch)
-        best = min((s for s in (step, ahead) if s is not None), default=None)
+        apart = omni_step_s(omni.get("processes"), batch)
+        best = min((s for s in (step, ahead, apart) if s is not None), default=None)
         dynamic, static = hf_step_s(hf.get("dynamic"), batch), hf_step_s(hf.get("static"), batch)
         goal = STEP_TARGET_MS.get(batch)
         eager = omni_step_s(omni.get(False), batch)
@@ -228,7 +233,7 @@ def decode_targets(results: dict[str, Any], args: argparse.Namespace) -> list[Ta
                 "n/a"
                 if best is None
                 else f"{best * 1e3:.2f} ms ({batch / best:,.0f} tok/s; graphs {_ms(step)}, async "
-                f"{_ms(ahead)}, eager {_ms(eager)} ms)",
+                f"{_ms(ahead)}, stage process {_ms(apart)}, eager {_ms(eager)} ms)",
                 f"dynamic {_ms(dynamic)} ms (omni {_times(dynamic, best)}); "
                 f"static {_ms(static)} ms (omni {_times(static, best)})",
                 f"<= {goal} ms" if goal else "-",

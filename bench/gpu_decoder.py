@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import Any, cast
 
-from gpu_timing import StepTimer, peak_gib, release, reset_peak
+from gpu_timing import StageProcessTimer, StepTimer, peak_gib, release, reset_peak
 from gpu_workload import blocks_for, engine_overrides, random_ids
 
 from omni import AsyncOmni, SamplingParams
@@ -94,7 +94,10 @@ async def decode_batch(
 
 
 async def timed_levels(
-    engine: AsyncOmni, timer: StepTimer, tokenizer: Any, args: argparse.Namespace
+    engine: AsyncOmni,
+    timer: StepTimer | StageProcessTimer,
+    tokenizer: Any,
+    args: argparse.Namespace,
 ) -> list[dict]:
     """A warm-up, then each --decode-batch B: its wall, the timer's step records and the
     decoder stage's stats before and after (engine.stats()["llm"])."""

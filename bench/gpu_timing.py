@@ -129,6 +129,38 @@ class StepTimer:
         return records
 
 
+class StageProcessTimer:
+    """StepTimer's records from a stage in a process of its own (runtime.backend processes): the
+    stage process installs a StepTimer (`time_stage_processes`, run there when it imports the
+    bench's main script) and its stats carry the records so far; `take` returns the new ones."""
+
+    def __init__(self, engine: Any, stage: str = "llm") -> None:
+        self.engine, self.stage, self.seen = engine, stage, 0
+
+    def take(self) -> list[StepRecord]:
+        records = self.engine.stats()[self.stage]["bench_step_records"]
+        new, self.seen = records[self.seen :], len(records)
+        return new
+
+
+def time_stage_processes() -> None:
+    """In a stage process: every StageHost it builds gets a StepTimer, its records in stats."""
+    from omni.backends import stage_process
+
+    class TimedHost(stage_process.StageHost):  # type: ignore[name-defined,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.bench_timer = StepTimer()
+            self.bench_timer.install(self)
+
+        def stats(self) -> dict[str, Any]:
+            with self.bench_timer._lock:
+                records = list(self.bench_timer.records)
+            return {**super().stats(), "bench_step_records": records}
+
+    stage_process.StageHost = TimedHost  # type: ignore[attr-defined,misc]
+
+
 # ---- device --------------------------------------------------------------------------------------
 def cpu_name() -> str:
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:

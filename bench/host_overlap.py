@@ -23,8 +23,16 @@ asserted; on a shared 2-core machine the figures are indicative.
 --snapshots final runs the requests without per-step snapshots (no streaming client: the driver
 builds and detokenizes none), to see what streaming costs the stage thread.
 
+--backend processes runs the stage in a process of its own (runtime.backend processes): the
+stage's threads there are named "stage:<thread>". The stand-ins are installed in that process
+when it imports this script (multiprocessing's spawn imports the parent's main module as
+__mp_main__); the step starts and thread times come back through the stage's stats. "tok/s" is
+the level's B * --tokens over its wall time: with the stage in another process it may step
+faster than the driver delivers, so the step period alone would flatter it.
+
     python bench/host_overlap.py [--batch 16,64] [--device-ms 1.1] [--tokens 200]
         [--modes sync,ahead] [--switch-interval default,0.0005] [--snapshots step|final]
+        [--backend local,processes]
 """
 
 from __future__ import annotations
@@ -104,7 +112,33 @@ def install(engine: Any, device_s: float) -> tuple[StandIn, list[float]]:
         return step()
 
     engine.step = timed_step
+    stats = engine.stats
+
+    def with_timings() -> dict[str, Any]:  # the step starts and thread times, from any process
+        return {**stats(), "bench_starts": list(starts), "bench_cpu": thread_cpu_s()}
+
+    engine.stats = with_timings
     return stand_in, starts
+
+
+def install_in_stage_process() -> None:
+    """In a stage process (the processes backend): install() on the engine it builds."""
+    import omni.host.stage_host as stage_host
+
+    attention.uses_triton = lambda device: True  # type: ignore[assignment]  # GPU metadata
+    create_engine = stage_host.create_engine
+    device_s = float(os.environ["BENCH_DEVICE_MS"]) / 1e3
+
+    def with_stand_ins(config: Any) -> Any:
+        engine = create_engine(config)
+        install(engine, device_s)
+        return engine
+
+    stage_host.create_engine = with_stand_ins  # type: ignore[assignment]
+
+
+if __name__ == "__mp_main__" and "BENCH_DEVICE_MS" in os.environ:
+    install_in_stage_process()
 
 
 SNAPSHOTS = [True]  # a snapshot per step (a streaming client), else only the final one
@@ -121,7 +155,16 @@ def count_flushes() -> None:
     Outbox._flush = counted  # type: ignore[method-assign]
 
 
-async def level(omni: AsyncOmni, engine: Any, walls: list[float], batch: int, tokens: int) -> dict:
+def timings(omni: AsyncOmni, backend: str) -> tuple[int, list[float], dict[str, float]]:
+    """The stage's steps so far, their starts, and CPU seconds by thread (both processes')."""
+    stats = omni.stats()["llm"]
+    cpu = thread_cpu_s()
+    if backend == "processes":
+        cpu.update({f"stage:{name}": v for name, v in stats["bench_cpu"].items()})
+    return stats["steps"], stats["bench_starts"], cpu
+
+
+async def level(omni: AsyncOmni, backend: str, batch: int, tokens: int) -> dict:
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(128 + i % 16)] for i in range(batch)]
 
@@ -132,28 +175,36 @@ async def level(omni: AsyncOmni, engine: Any, walls: list[float], batch: int, to
             pass
 
     await asyncio.gather(*(one(p) for p in prompts[: min(batch, 4)]))  # warm-up
-    walls.clear()
-    before, steps_before, flushes = thread_cpu_s(), engine.num_steps, FLUSHES[0]
+    steps_before, starts_before, before = timings(omni, backend)
+    flushes = FLUSHES[0]
     start = time.perf_counter()
     await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - start
-    after, num_steps = thread_cpu_s(), engine.num_steps - steps_before
+    steps_after, starts, after = timings(omni, backend)
+    num_steps = steps_after - steps_before
     wakeups = (FLUSHES[0] - flushes) / num_steps
+    walls = starts[len(starts_before) :]
     periods = [b - a for a, b in zip(walls, walls[1:], strict=False)]
     decode = sorted(periods[2:-2])  # the prefill and the ragged end left out
     cpu = {name: (after[name] - before.get(name, 0.0)) / num_steps for name in after}
     return {
         "step": statistics.median(decode),
         "wall": wall,
+        "tok_s": batch * tokens / wall,
         "steps": num_steps,
         "cpu": cpu,
         "wakeups": wakeups,
     }
 
 
-async def run(args: argparse.Namespace, interval: float | None, ahead: bool) -> list[dict]:
+async def run(
+    args: argparse.Namespace, backend: str, interval: float | None, ahead: bool
+) -> list[dict]:
+    runtime = {"backend": backend, "log_level": "WARNING"}
+    if backend == "local":
+        runtime["stage_threads"] = "per_stage"
     overrides = {
-        "runtime": {"backend": "local", "stage_threads": "per_stage"},
+        "runtime": runtime,
         "stages.llm.engine.device": "cpu",
         "stages.llm.engine.cuda_graphs": True,
         "stages.llm.engine.async_scheduling": ahead,
@@ -165,10 +216,9 @@ async def run(args: argparse.Namespace, interval: float | None, ahead: bool) -> 
         sys.setswitchinterval(interval)
     try:
         async with AsyncOmni(model=args.model, **overrides) as omni:
-            host = cast(Any, omni._driver().backend).hosts["llm"]
-            engine = host.engine
-            _, walls = install(engine, args.device_ms / 1e3)
-            return [await level(omni, engine, walls, b, args.tokens) for b in args.batch]
+            if backend == "local":  # else the stage process installed them (__mp_main__)
+                install(cast(Any, omni._driver().backend).hosts["llm"].engine, args.device_ms / 1e3)
+            return [await level(omni, backend, b, args.tokens) for b in args.batch]
     finally:
         sys.setswitchinterval(default)
 
@@ -181,6 +231,7 @@ def main() -> None:
     parser.add_argument("--switch-interval", default="default")
     parser.add_argument("--modes", default="sync,ahead", help="engine.async_scheduling off/on")
     parser.add_argument("--model", help="a causal LM checkpoint (default: the tiny qwen2)")
+    parser.add_argument("--backend", default="local", help="runtime.backend(s): local, processes")
     parser.add_argument(
         "--snapshots", default="step", choices=["step", "final"],
         help="step: every request streams (a snapshot per step, detokenized); final: results only",
@@ -189,36 +240,40 @@ def main() -> None:
     SNAPSHOTS[0] = args.snapshots == "step"
     args.batch = [int(b) for b in args.batch.split(",")]
     args.model = args.model or str(ensure_checkpoint("qwen2", "tiny"))
+    os.environ["BENCH_DEVICE_MS"] = str(args.device_ms)  # for a stage process's stand-ins
     count_flushes()
     attention.uses_triton = lambda device: True  # type: ignore[assignment]  # GPU metadata
     print(
-        f"simulated device time {args.device_ms} ms per step; stand-in model body; local "
-        f"backend, the stage on its own thread; {os.cpu_count()} CPUs\n"
+        f"simulated device time {args.device_ms} ms per step; stand-in model body; the stage on "
+        f"a thread of its own; {os.cpu_count()} CPUs\n"
     )
     print(
-        "| steps | switch interval | B | step p50 ms | busy (device / step) | loop wake-ups / step "
-        "| thread CPU us/step |"
+        "| backend | steps | switch interval | B | step p50 ms | busy (device / step) | tok/s "
+        "| loop wake-ups / step | thread CPU us/step |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for mode in args.modes.split(","):
-        for value in args.switch_interval.split(","):
-            interval = None if value == "default" else float(value)
-            label = (
-                f"{sys.getswitchinterval() * 1e3:g} ms (default)"
-                if interval is None
-                else (f"{interval * 1e3:g} ms")
-            )
-            levels = asyncio.run(run(args, interval, mode == "ahead"))
-            for batch, r in zip(args.batch, levels, strict=True):
-                busy = args.device_ms / (r["step"] * 1e3)
-                threads = ", ".join(
-                    f"{name} {v * 1e6:.0f}" for name, v in sorted(r["cpu"].items()) if v * 1e6 >= 5
+    print("|---|---|---|---|---|---|---|---|---|")
+    for backend in args.backend.split(","):
+        for mode in args.modes.split(","):
+            for value in args.switch_interval.split(","):
+                interval = None if value == "default" else float(value)
+                label = (
+                    f"{sys.getswitchinterval() * 1e3:g} ms (default)"
+                    if interval is None
+                    else (f"{interval * 1e3:g} ms")
                 )
-                step_ms = r["step"] * 1e3
-                print(
-                    f"| {mode} | {label} | {batch} | {step_ms:.2f} | {busy:.0%} | "
-                    f"{r['wakeups']:.1f} | {threads} |"
-                )
+                levels = asyncio.run(run(args, backend, interval, mode == "ahead"))
+                for batch, r in zip(args.batch, levels, strict=True):
+                    print(f"| {backend} | {mode} | {label} | {batch} | " + row(args, r))
+
+
+def row(args: argparse.Namespace, r: dict) -> str:
+    busy = args.device_ms / (r["step"] * 1e3)
+    threads = ", ".join(
+        f"{name} {v * 1e6:.0f}" for name, v in sorted(r["cpu"].items()) if v * 1e6 >= 5
+    )
+    return (
+        f"{r['step'] * 1e3:.2f} | {busy:.0%} | {r['tok_s']:,.0f} | {r['wakeups']:.1f} | {threads} |"
+    )
 
 
 if __name__ == "__main__":

@@ -9,13 +9,13 @@ Rules (docs/gpu.md, "Config fields"):
   Without GPUs it is 0. With GPUs, each stage not pinned to the CPU takes `resources.gpu_share`,
   else the fraction its own `gpu_memory_utilization` implies (share / 0.9), else 0.1 for a
   generation stage (a vocoder sizes no pool from its share: a small fixed one leaves the rest to
-  the KV pools), and the ar stages split what is left of one GPU equally. On the local backend
-  the planned stages share cuda:0 with every other GPU stage, and on Ray with one GPU too (a
+  the KV pools), and the ar stages split what is left of one GPU equally. On the local and
+  processes backends the planned stages share cuda:0 with every other GPU stage, and on Ray with one GPU too (a
   stage taking the whole GPU leaves them none: a ConfigError).
 - `device: cuda` needs a GPU: num_gpus 0 contradicts it, and the machine or cluster must have one.
 - `gpu_memory_utilization` null: 0.9 of the stage's fraction (0.9 of a GPU for whole GPUs).
 - Memory shares on one GPU sum to at most 0.95 (the rest is for CUDA contexts and fragmentation).
-  On the local backend every GPU stage is on cuda:0. On Ray a stage's share may not exceed its
+  On the local and processes backends every GPU stage is on cuda:0. On Ray a stage's share may not exceed its
   fraction, and no set of fractional stages Ray may put on one GPU (fractions summing to at most
   1) may sum above 0.95.
 """
@@ -146,7 +146,7 @@ def _fractions(stages: tuple[StageConfig, ...], backend: str, num_gpus: float) -
     terms: dict[str, tuple[float, str]] = {}
     for s in stages:
         f = out.get(s.name, 0.0)
-        if s.engine.device != "cpu" and f > 0 and (backend == "local" or num_gpus < 2):
+        if s.engine.device != "cpu" and f > 0 and (backend != "ray" or num_gpus < 2):
             terms[s.name] = (min(f, 1.0), f"stages.{s.name}.resources.num_gpus={f:g}")
     for s in to_plan:
         share, used = s.resources.gpu_share, s.engine.gpu_memory_utilization
@@ -194,8 +194,8 @@ def _place(stage: StageConfig, fraction: float, num_gpus: float) -> StageConfig:
 def _check_shares(stages: list[_Placed], backend: str) -> None:
     """(as given, placed) GPU stages: ConfigError for a share above a Ray fraction, or shares that
     may end up on one GPU summing above MAX_UTILIZATION_PER_GPU."""
-    if backend == "local":
-        _check_sum(stages, "on the local backend every GPU stage runs on cuda:0")
+    if backend != "ray":
+        _check_sum(stages, f"on the {backend} backend every GPU stage runs on cuda:0")
         return
     fractional = []
     for given, placed in stages:

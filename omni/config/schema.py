@@ -42,7 +42,7 @@ from omni.registry import (
 )
 
 KINDS = ADAPTER_KINDS
-BACKENDS = ("ray", "local")
+BACKENDS = ("ray", "local", "processes")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 PLACEMENTS = ("none", "pack", "spread")
 REPLICA_ROUTINGS = ("cache_aware", "least_loaded", "round_robin")
@@ -164,7 +164,7 @@ class RuntimeConfig:
     """Where and how the stage actors run."""
 
     backend: str = "ray"
-    """ray (one actor per stage; starts a local Ray when none runs) or local (in-process)."""
+    """ray (a Ray actor per stage), local (all in this process), processes (one process each)."""
     address: str | None = None
     """An existing Ray cluster, e.g. auto or ray://head:10001; null starts a local one."""
     num_cpus: int | None = None
@@ -243,7 +243,7 @@ class OmniConfig:
                     raise config_error(
                         f"stages.{stage.name}.resources.replicas",
                         f"is {stage.resources.replicas}, but replicas need runtime.backend ray "
-                        f"(got {self.runtime.backend!r}): the local backend runs one copy",
+                        f"(got {self.runtime.backend!r}), which runs one copy",
                     )
 
     @property

@@ -40,13 +40,17 @@ def start_backend(config: OmniConfig) -> StageBackend:
         for s in config.stages
         if s.input_processor is not None
     }
-    if config.runtime.backend == "local":
+    if config.runtime.backend in ("local", "processes"):
         import torch
-
-        from omni.backends.local import LocalBackend
 
         num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         config = plan_gpus(config, num_gpus=num_gpus, what="torch sees no CUDA GPU on this machine")
+        if config.runtime.backend == "processes":
+            from omni.backends.process_backend import ProcessBackend
+
+            return ProcessBackend(config, processors)
+        from omni.backends.local import LocalBackend
+
         return LocalBackend(config, processors)
     from omni.backends.ray_backend import RayBackend
 

@@ -1,0 +1,96 @@
+"""The processes backend (omni/backends/process_backend.py): every stage in a spawned process of
+its own, driven through a pipe.
+
+Greedy tokens equal transformers' generate, and the tiny Qwen2.5-Omni pipeline (the talker
+streamed from the thinker, the audio streamed from the talker) gives the local backend's tokens,
+codes and audio; a stage process killed mid-request fails its requests within seconds, naming
+the stage, and later requests are refused; a stage that cannot start raises its own ConfigError from
+the constructor and leaves no process behind; shutdown stops every stage process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import torch
+from helpers import OMNI_ON_CPU, transformers_greedy
+
+from omni import AsyncOmni, Omni
+from omni.config import ConfigError
+from omni.core.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+PROCESSES = {"backend": "processes", "log_level": "WARNING", "request_timeout_s": 60}
+
+
+def test_tokens_equal_transformers_in_a_stage_process(qwen2_dir):
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [5, 6, 7, 8, 9, 10, 40, 41]]
+    want = transformers_greedy(qwen2_dir, prompts, 12)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    omni = Omni(model=qwen2_dir, runtime=PROCESSES, **{"stages.llm.engine.device": "cpu"})
+    try:
+        process = omni.backend.stages["llm"].process
+        got = [o.final.token_ids for o in omni.generate(prompts, params, use_tqdm=False)]
+        assert got == want
+        stats = omni.stats()["llm"]
+        assert stats["pid"] == process.pid != os.getpid()
+        assert stats["steps"] > 0 and stats["device"] == "cpu"
+    finally:
+        omni.shutdown()
+    assert not process.is_alive() and process.exitcode == 0
+
+
+def test_omni_pipeline_streams_what_the_local_backend_does(omni_dir):
+    prompts = [{"prompt": "tell me about the sea"}, [5, 6, 7, 8]]
+    params = [  # per stage: thinker, talker, token2wav
+        SamplingParams(max_tokens=6, ignore_eos=True),
+        SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=(8292, 8294)),
+        SamplingParams(max_tokens=1, seed=0),
+    ]
+    outputs = {}
+    for backend in ("local", "processes"):
+        runtime = {**PROCESSES, "backend": backend}
+        with Omni(model=omni_dir, runtime=runtime, **OMNI_ON_CPU) as omni:
+            outputs[backend] = omni.generate(prompts, params, use_tqdm=False, stream_audio=True)
+    for local, separate in zip(outputs["local"], outputs["processes"], strict=True):
+        assert local.error is None and separate.error is None, (local.error, separate.error)
+        for stage in ("thinker", "talker"):
+            assert local.stages[stage].token_ids == separate.stages[stage].token_ids, stage
+        assert separate.final.audio.numel() > 0
+        torch.testing.assert_close(local.final.audio, separate.final.audio, atol=1e-5, rtol=1e-4)
+
+
+def test_a_killed_stage_process_fails_its_requests_fast(qwen2_dir):
+    params = SamplingParams(max_tokens=2000, ignore_eos=True)
+    overrides = {"stages.llm.engine.device": "cpu", "stages.llm.engine.max_model_len": 4096}
+
+    async def main() -> None:
+        async with AsyncOmni(model=qwen2_dir, runtime=PROCESSES, **overrides) as omni:
+            outputs = omni.generate([5, 6, 7], params)
+            first = await anext(outputs)  # a step's snapshot: it is decoding
+            assert first.error is None and not first.finished
+            os.kill(omni._driver().backend.stages["llm"].process.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            last = first
+            async for output in outputs:
+                last = output
+            assert last.error is not None and "stage 'llm': its process exited" in last.error
+            assert time.monotonic() - killed_at < 5.0
+            with pytest.raises(RuntimeError, match="stage 'llm': its process exited"):
+                await omni.check_health()
+            with pytest.raises(RuntimeError, match="stage 'llm': its process exited"):
+                async for _ in omni.generate([5, 6], SamplingParams(max_tokens=2)):
+                    pass  # refused when added: the stage it needs is dead
+
+    asyncio.run(asyncio.wait_for(main(), timeout=120))
+
+
+def test_a_stage_that_cannot_start_raises_its_config_error(qwen2_dir):
+    overrides = {"stages.llm.engine.device": "cpu", "stages.llm.engine.num_blocks": 10**9}
+    with pytest.raises(ConfigError, match=r"stages\.llm\.engine\.num_blocks=1000000000 needs"):
+        Omni(model=qwen2_dir, runtime=PROCESSES, **overrides)
