@@ -12,7 +12,7 @@ back into torch tensors on arrival, as under Ray) and wakes `poll`. Payloads rou
 stages are the packed results themselves, so a stage's finished result reaches its consumers
 through this process. A stage process that exits or whose loop dies is reported once as
 `StageDied` and never restarted: its requests fail naming it, later ones fail at once. Every
-wait has a timeout; `shutdown` asks each process to stop, then terminates what is left.
+wait has a timeout; `shutdown` asks each process to stop, then kills what is left.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni.backends.stage_process import serve
-from omni.backends.transport import pack_input, unpack_event, unpack_result
+from omni.backends.stage_process import decode_events, serve
+from omni.backends.transport import pack_input, unpack_result
 from omni.config import OmniConfig
 from omni.host import Processor
 from omni.messages import (
@@ -53,6 +53,9 @@ class _Stage:
     process: Any  # multiprocessing's SpawnProcess
     conn: Any  # our end of the duplex pipe
     send_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Held around every wait for the process: two threads reaping one child race (the loser's
+    # waitpid fails, and multiprocessing then takes the reaped child for alive).
+    wait_lock: threading.Lock = field(default_factory=threading.Lock)
     reader: threading.Thread | None = None
     info: dict[str, Any] = field(default_factory=dict)  # from its "ready" message
 
@@ -127,7 +130,7 @@ class ProcessBackend:
                 message = stage.conn.recv()
                 kind = message[0]
                 if kind == "events":
-                    events = [unpack_event(event) for event in message[1]]
+                    events = decode_events(stage.name, message[1])
                     with self._cond:
                         self._events.extend(events)
                         self._cond.notify_all()
@@ -139,9 +142,13 @@ class ProcessBackend:
                     why = message[1]
                     break
         except (EOFError, OSError):
-            stage.process.join(timeout=WAIT_S)
-            if stage.process.exitcode is not None:
-                why += f" with code {stage.process.exitcode}"
+            with self._cond:
+                if self._stopping:
+                    return  # shutdown's own join reaps it
+            with stage.wait_lock:
+                stage.process.join(timeout=WAIT_S)
+                code = stage.process.exitcode
+            why += "" if code is None else f" with code {code}"
         with self._cond:
             if self._stopping or stage.name in self._dead:
                 return
@@ -218,11 +225,12 @@ class ProcessBackend:
             except (OSError, ValueError):
                 pass  # already gone
         for stage in stages.values():
-            stage.process.join(timeout=JOIN_S)
-            if stage.process.is_alive():
-                logger.warning("stage %r: did not stop within %g s; terminated", stage.name, JOIN_S)
-                stage.process.terminate()
+            with stage.wait_lock:
                 stage.process.join(timeout=JOIN_S)
+                if stage.process.is_alive():
+                    logger.warning("stage %r: did not stop within %g s; killed", stage.name, JOIN_S)
+                    stage.process.kill()  # it ignores SIGTERM (stage_process.py)
+                    stage.process.join(timeout=JOIN_S)
             stage.conn.close()
             if stage.reader is not None:
                 stage.reader.join(timeout=JOIN_S)

@@ -10,12 +10,13 @@ Messages, each a tuple whose first item names it:
 - parent -> child: ("submit", items), ("abort", request_ids), ("stats", call_id),
   ("shutdown",);
 - child -> parent: ("ready", info) once built, or ("failed", exception) instead; then
-  ("events", events) whenever the host has some, ("stats", call_id, stats) per stats call, and
+  ("events", encoded events: `encode_events`) whenever the host has some, ("stats", call_id, stats) per stats call, and
   ("died", error) if the host's loop dies (the process then exits).
 
 Tensors cross as numpy arrays (omni/backends/transport.py), results and step rows too: the host
 packs them (`pack`), and unpacks what arrives (`resolve`), as a Ray stage actor does. The child
-exits when the parent says so, when the pipe closes (the parent is gone), or when its loop died.
+exits when the parent says so, when the pipe closes (the parent is gone), or when its loop died;
+it ignores SIGINT and SIGTERM, which a terminal or a service manager sends the whole group.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import sys
 import threading
 from collections.abc import Mapping
@@ -35,12 +37,13 @@ from omni.backends.transport import (
     pack_event,
     pack_result,
     unpack,
+    unpack_event,
     unpack_input,
     unpack_result,
 )
 from omni.config import StageConfig
 from omni.host import Processor, StageHost
-from omni.messages import StageResult
+from omni.messages import StageEvent, StageResult, StageUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,39 @@ def _resolve(payloads: list[Any]) -> list[Any]:
     return [unpack_result(p) if isinstance(p, StageResult) else unpack(p, False) for p in payloads]
 
 
+def encode_events(events: list[StageEvent]) -> list[Any]:
+    """Events for the pipe. A plain token update (every request, every step: tokens only) goes
+    as a (request_id, new_token_ids, num_cached_tokens) tuple, which pickles ~10x faster than
+    the dataclass; the rest as packed events. Order is kept."""
+    out: list[Any] = []
+    for event in events:
+        if type(event) is StageUpdate and _plain(event):
+            out.append((event.request_id, event.new_token_ids, event.num_cached_tokens))
+        else:
+            out.append(pack_event(event))
+    return out
+
+
+def decode_events(stage: str, encoded: list[Any]) -> list[StageEvent]:
+    """The inverse of `encode_events`, for `stage`'s events."""
+    return [
+        StageUpdate(item[0], stage, item[1], item[2]) if type(item) is tuple else unpack_event(item)
+        for item in encoded
+    ]
+
+
+def _plain(update: StageUpdate) -> bool:
+    return not (
+        update.tensors
+        or update.audio is not None
+        or update.sample_rate is not None
+        or update.rows is not None
+        or update.num_rows
+        or update.new_codes
+        or update.new_logprobs
+    )
+
+
 def _sendable(error: BaseException) -> BaseException:
     """The exception itself when it pickles (a ConfigError stays one), else its text."""
     try:
@@ -71,6 +107,12 @@ def serve(
 ) -> None:
     """The child process's main: build the stage, then serve the parent until told to stop."""
     import torch
+
+    # Ctrl-C and a service manager's SIGTERM reach the whole process group: the parent shuts
+    # the pipeline down gracefully and tells this process when; a stage that died first would
+    # fail the requests the parent is still finishing.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     logging.basicConfig(level=log_level, format=f"%(levelname)s [{config.name}] %(message)s")
     torch.set_num_threads(config.num_threads)
@@ -139,6 +181,6 @@ def _forward(host: StageHost, send: Any, stopping: threading.Event) -> None:
                     stopping.set()
                 return
             if events:
-                send(("events", [pack_event(event) for event in events]))
+                send(("events", encode_events(events)))
     except (EOFError, OSError):
         stopping.set()  # the parent is gone

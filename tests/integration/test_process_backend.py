@@ -3,9 +3,9 @@ its own, driven through a pipe.
 
 Greedy tokens equal transformers' generate, and the tiny Qwen2.5-Omni pipeline (the talker
 streamed from the thinker, the audio streamed from the talker) gives the local backend's tokens,
-codes and audio; a stage process killed mid-request fails its requests within seconds, naming
-the stage, and later requests are refused; a stage that cannot start raises its own ConfigError from
-the constructor and leaves no process behind; shutdown stops every stage process.
+codes and audio. A stage process ignores Ctrl-C (the parent stops it) and stops when told; one
+killed mid-request fails its requests within seconds, naming the stage, and later requests are
+refused; a stage that cannot start raises its own ConfigError from the constructor.
 """
 
 from __future__ import annotations
@@ -37,12 +37,19 @@ def test_tokens_equal_transformers_in_a_stage_process(qwen2_dir):
         process = omni.backend.stages["llm"].process
         got = [o.final.token_ids for o in omni.generate(prompts, params, use_tqdm=False)]
         assert got == want
+        # Ctrl-C reaches the whole process group: the stage keeps serving (the parent stops it).
+        os.kill(process.pid, signal.SIGINT)
+        time.sleep(0.5)
+        again = omni.generate(prompts[:1], params, use_tqdm=False)
+        assert again[0].final.token_ids == want[0]
         stats = omni.stats()["llm"]
         assert stats["pid"] == process.pid != os.getpid()
         assert stats["steps"] > 0 and stats["device"] == "cpu"
     finally:
+        started = time.monotonic()
         omni.shutdown()
-    assert not process.is_alive() and process.exitcode == 0
+    assert not process.is_alive() and process.exitcode == 0  # it stopped when told, not killed
+    assert time.monotonic() - started < 5.0
 
 
 def test_omni_pipeline_streams_what_the_local_backend_does(omni_dir):
