@@ -67,7 +67,7 @@ run_one() {
   # One process: each cuda test sizes its pools from the GPU's free memory (tests/conftest.py).
   cuda) run_part cuda 300 python3 -m pytest -q -m cuda -rfE --tb=short -p no:cacheprovider \
     --timeout 120 --junitxml "$out/cuda.xml" ${PYTEST_ARGS:-tests/} ;;
-  decode) run_part decode 260 python3 bench/gpu.py --profile --profile-batch 16,64 --skip hf --skip omni \
+  decode) run_part decode 300 python3 bench/gpu.py --profile --profile-batch 16,64 --skip hf --skip omni \
     --skip hf-static --decode-batch 16,64 --decode-tokens 64 --prefix-requests 3 ;;
   host) run_part host 60 python3 bench/host_step.py --batch 16,64 ;;
   # Fused Triton kernels against transformers' modules, eager and replayed (issue 20 item 2).
