@@ -1,5 +1,6 @@
 """The processes backend: every stage's host in a process of its own on this machine, spawned
-and driven through a pipe (omni/backends/stage_process.py is the child side).
+and driven through a pipe (omni/backends/process_handle.py; stage_process.py is the process's
+side).
 
 It is the local backend without the shared GIL: a stage steps while the driver thread and the
 caller's event loop, in this process, route and deliver what it produced (docs/gpu.md, "Stages
@@ -7,12 +8,16 @@ in processes of their own"). Devices are planned as on the local backend: every 
 first GPU torch sees. Stages start one at a time, in topological order, each sizing its caches
 from what is left of the GPU once the ones before it are in.
 
-Each stage has a reader thread here that receives its events (tensors as numpy arrays, turned
-back into torch tensors on arrival, as under Ray) and wakes `poll`. Payloads routed between
-stages are the packed results themselves, so a stage's finished result reaches its consumers
-through this process. A stage process that exits or whose loop dies is reported once as
-`StageDied` and never restarted: its requests fail naming it, later ones fail at once. Every
-wait has a timeout; `shutdown` asks each process to stop, then kills what is left.
+Each stage's events (tensors as numpy arrays, turned back into torch tensors on arrival, as
+under Ray) wake `poll`. Payloads routed between stages are the packed results themselves, so a
+stage's finished result reaches its consumers through this process.
+
+Recovery, as on Ray: a stage process that exits or whose loop dies is reported as `StageDied`
+(the driver fails the requests in it, naming the stage) and replaced by a fresh process, up to
+`runtime.max_stage_restarts` times per stage; work sent to it meanwhile is held and sent once
+the new process is ready. Past the limit, or when the replacement fails to start, the stage is
+dead: later requests fail at once. Every wait has a timeout; `shutdown` asks each process to
+stop, then kills what is left.
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from omni.backends.stage_process import decode_events, serve
+from omni.backends.process_handle import ProcessHandle
+from omni.backends.stage_process import decode_events
 from omni.backends.transport import pack_input, unpack_result
 from omni.config import OmniConfig
 from omni.host import Processor
@@ -43,122 +48,104 @@ from omni.messages import (
 logger = logging.getLogger(__name__)
 
 Item = StageInput | RoutedInput | RoutedDelta
-JOIN_S = 10.0  # longest wait for a stage process to stop when asked
-WAIT_S = 0.5  # how often a wait re-checks that the stage process is still there
-
-
-@dataclass
-class _Stage:
-    name: str
-    process: Any  # multiprocessing's SpawnProcess
-    conn: Any  # our end of the duplex pipe
-    send_lock: threading.Lock = field(default_factory=threading.Lock)
-    # Held around every wait for the process: two threads reaping one child race (the loser's
-    # waitpid fails, and multiprocessing then takes the reaped child for alive).
-    wait_lock: threading.Lock = field(default_factory=threading.Lock)
-    reader: threading.Thread | None = None
-    info: dict[str, Any] = field(default_factory=dict)  # from its "ready" message
 
 
 class ProcessBackend:
     def __init__(self, config: OmniConfig, processors: dict[str, Processor]) -> None:
         self.config = config
+        self.processors = processors
         self.timeout_s = config.runtime.request_timeout_s
+        self.max_restarts = config.runtime.max_stage_restarts
         self._context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         self._cond = threading.Condition()  # guards every attribute below
         self._events: list[StageEvent] = []
         self._dead: dict[str, str] = {}  # stage -> why
+        self._held: dict[str, list[Item]] = {}  # restarting stage -> work sent meanwhile
         self._replies: dict[int, dict[str, Any]] = {}  # stats call id -> the stage's stats
         self._call_ids = itertools.count()
         self._stopping = False
-        self.stages: dict[str, _Stage] = {}
+        self.num_restarts = dict.fromkeys(config.topological_order(), 0)
+        self.stages: dict[str, ProcessHandle] = {}
         try:
             for name in config.topological_order():
-                self.stages[name] = self._start(config, name, processors)
+                self.stages[name] = self._start(name)
         except BaseException:
             self.shutdown()
             raise
-        logger.info(
-            "processes backend: %s",
-            ", ".join(
-                f"{s.name} (pid {s.info['pid']}, {s.info['device']})" for s in self.stages.values()
-            ),
-        )
+        started = [f"{h.name} (pid {h.pid}, {h.info['device']})" for h in self.stages.values()]
+        logger.info("processes backend: %s", ", ".join(started))
 
-    def _start(self, config: OmniConfig, name: str, processors: dict[str, Processor]) -> _Stage:
-        stage_config = config.stage(name)
-        mine = {p: processors[p] for p in [stage_config.input_processor] if p is not None}
-        conn, child_conn = self._context.Pipe(duplex=True)
-        process = self._context.Process(
-            target=serve,
-            args=(child_conn, stage_config, mine, config.runtime.log_level),
-            name=f"omni-{name}",
-            daemon=True,
+    def _start(self, name: str) -> ProcessHandle:
+        stage = self.config.stage(name)
+        mine = {p: self.processors[p] for p in [stage.input_processor] if p is not None}
+        handle = ProcessHandle(
+            self._context,
+            stage,
+            mine,
+            self.config.runtime.log_level,
+            on_message=lambda message: self._on_message(name, message),
+            on_exit=self._on_exit,
         )
-        process.start()
-        child_conn.close()  # ours closed: the child's exit shows as EOF on our end
-        stage = _Stage(name, process, conn)
-        deadline = time.monotonic() + self.timeout_s
-        while not conn.poll(WAIT_S):
-            if not process.is_alive():
-                raise RuntimeError(
-                    f"stage {name!r}: its process exited with code {process.exitcode} while "
-                    "starting (its log above says why)"
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"stage {name!r}: not started within {self.timeout_s:g} s "
-                    "(runtime.request_timeout_s)"
-                )
-        message = conn.recv()
-        if message[0] == "failed":
-            process.join(timeout=JOIN_S)
-            raise message[1]
-        stage.info = message[1]
-        stage.reader = threading.Thread(
-            target=self._read, args=(stage,), name=f"omni-{name}-reader", daemon=True
-        )
-        stage.reader.start()
-        return stage
+        handle.wait_ready(self.timeout_s)
+        return handle
 
-    # ---- what the stages send ---------------------------------------------------------------
-    def _read(self, stage: _Stage) -> None:
-        """The stage's messages until its pipe closes; then it is dead unless we stopped it."""
-        why = f"stage {stage.name!r}: its process exited"
-        try:
-            while True:
-                message = stage.conn.recv()
-                kind = message[0]
-                if kind == "events":
-                    events = decode_events(stage.name, message[1])
-                    with self._cond:
-                        self._events.extend(events)
-                        self._cond.notify_all()
-                elif kind == "stats":
-                    with self._cond:
-                        self._replies[message[1]] = message[2]
-                        self._cond.notify_all()
-                elif kind == "died":
-                    why = message[1]
-                    break
-        except (EOFError, OSError):
+    # ---- what the stages send (their readers' threads) ----------------------------------------
+    def _on_message(self, name: str, message: tuple) -> None:
+        if message[0] == "events":
+            events = decode_events(name, message[1])
             with self._cond:
-                if self._stopping:
-                    return  # shutdown's own join reaps it
-            with stage.wait_lock:
-                stage.process.join(timeout=WAIT_S)
-                code = stage.process.exitcode
-            why += "" if code is None else f" with code {code}"
+                self._events.extend(events)
+                self._cond.notify_all()
+        elif message[0] == "stats":
+            with self._cond:
+                self._replies[message[1]] = message[2]
+                self._cond.notify_all()
+
+    def _on_exit(self, handle: ProcessHandle, why: str) -> None:
+        name = handle.name
         with self._cond:
-            if self._stopping or stage.name in self._dead:
+            if self._stopping or self.stages.get(name) is not handle:
                 return
-            logger.error("%s", why)
-            self._dead[stage.name] = why
-            self._events.append(StageDied(stage.name, why, restarting=False))
+            restarting = self.num_restarts[name] < self.max_restarts
+            logger.error("%s%s", why, "; restarting it" if restarting else "")
+            if restarting:
+                self.num_restarts[name] += 1
+                self._held[name] = []
+            else:
+                limit = f"runtime.max_stage_restarts={self.max_restarts}"
+                self._dead[name] = f"{why}; not restarted again ({limit})"
+            self._events.append(StageDied(name, why, restarting=restarting))
             self._cond.notify_all()
+        handle.stop()  # reaps it (its loop's death ends it on its own)
+        if restarting:
+            self._restart(name)
+
+    def _restart(self, name: str) -> None:
+        try:
+            handle = self._start(name)
+        except BaseException as e:
+            why = f"stage {name!r}: its replacement process failed to start: {e}"
+            logger.error("%s", why)
+            with self._cond:
+                self._held.pop(name, None)  # their requests are failed by this StageDied
+                self._dead[name] = why
+                self._events.append(StageDied(name, why, restarting=False))
+                self._cond.notify_all()
+            return
+        with self._cond:
+            if self._stopping:
+                held = None
+            else:
+                self.stages[name] = handle
+                held = self._held.pop(name, [])
+        if held is None:
+            handle.stop()
+        elif held:
+            handle.send(("submit", held))
 
     # ---- StageBackend -------------------------------------------------------------------------
     def submit(self, stage: str, items: Sequence[Item]) -> None:
+        wire = [pack_input(item) for item in items]
         with self._cond:
             why = self._dead.get(stage)
             if why is not None:  # work for a dead stage fails at once; its pieces are dropped
@@ -168,7 +155,11 @@ class ProcessBackend:
                         self._events.append(Finished(error, error))
                 self._cond.notify_all()
                 return
-        self._send(stage, ("submit", [pack_input(item) for item in items]))
+            if stage in self._held:
+                self._held[stage].extend(wire)
+                return
+            handle = self.stages[stage]
+        handle.send(("submit", wire))
 
     def poll(self, timeout_s: float) -> list[StageEvent]:
         with self._cond:
@@ -180,36 +171,53 @@ class ProcessBackend:
         return [unpack_result(payload) for payload in payloads]
 
     def abort(self, stage: str, request_ids: list[str]) -> None:
-        if stage not in self._dead:
-            self._send(stage, ("abort", list(request_ids)))
+        with self._cond:
+            if stage in self._dead:
+                return
+            if stage in self._held:
+                dropped = set(request_ids)
+                self._held[stage] = [i for i in self._held[stage] if i.request_id not in dropped]
+                return
+            handle = self.stages[stage]
+        handle.send(("abort", list(request_ids)))
 
     def stats(self) -> dict[str, dict[str, Any]]:
+        """Each stage's, with its restarts; a dead or restarting one: why, as "error"."""
+        calls: dict[str, tuple[ProcessHandle, int]] = {}
         out: dict[str, dict[str, Any]] = {}
-        calls = {}
-        for name in self.stages:
-            if name in self._dead:
-                out[name] = {"stage": name, "error": self._dead[name]}
-                continue
-            calls[name] = call_id = next(self._call_ids)
-            self._send(name, ("stats", call_id))
+        with self._cond:
+            for name, handle in self.stages.items():
+                down = self._dead.get(name) or (
+                    f"stage {name!r}: restarting" if name in self._held else None
+                )
+                if down is not None:
+                    out[name] = {"stage": name, "error": down}
+                else:
+                    calls[name] = (handle, next(self._call_ids))
+        # Sent without the lock: the readers take it to hand over what the processes send.
+        for handle, call_id in calls.values():
+            handle.send(("stats", call_id))
         deadline = time.monotonic() + self.timeout_s
-        for name, call_id in calls.items():
+        for name, (_, call_id) in calls.items():
             out[name] = self._reply(name, call_id, deadline)
-        return {name: out[name] for name in self.stages}
+        return {n: {**out[n], "restarts": self.num_restarts[n]} for n in self.num_restarts}
 
     def _reply(self, name: str, call_id: int, deadline: float) -> dict[str, Any]:
         def answered() -> bool:
-            return call_id in self._replies or name in self._dead
+            return call_id in self._replies or name in self._dead or name in self._held
 
         with self._cond:
             self._cond.wait_for(answered, timeout=max(deadline - time.monotonic(), 0.0))
             reply = self._replies.pop(call_id, None)
             if reply is None:
-                why = self._dead.get(name) or f"no answer within {self.timeout_s:g} s"
+                why = self._dead.get(name) or (
+                    "restarting" if name in self._held else f"no answer in {self.timeout_s:g} s"
+                )
                 raise RuntimeError(f"stage {name!r}: stats failed: {why}")
             return reply
 
     def dead_stages(self) -> dict[str, str]:
+        """Stages gone for good (a restarting one holds what it is sent)."""
         with self._cond:
             return dict(self._dead)
 
@@ -217,31 +225,8 @@ class ProcessBackend:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        stages, self.stages = self.stages, {}
-        for stage in stages.values():
-            try:
-                with stage.send_lock:
-                    stage.conn.send(("shutdown",))
-            except (OSError, ValueError):
-                pass  # already gone
-        for stage in stages.values():
-            with stage.wait_lock:
-                stage.process.join(timeout=JOIN_S)
-                if stage.process.is_alive():
-                    logger.warning("stage %r: did not stop within %g s; killed", stage.name, JOIN_S)
-                    stage.process.kill()  # it ignores SIGTERM (stage_process.py)
-                    stage.process.join(timeout=JOIN_S)
-            stage.conn.close()
-            if stage.reader is not None:
-                stage.reader.join(timeout=JOIN_S)
-
-    def _send(self, name: str, message: tuple) -> None:
-        """To a stage's process; a pipe that broke is the reader's to report (as dead)."""
-        stage = self.stages.get(name)
-        if stage is None:
-            raise RuntimeError(f"stage {name!r}: the pipeline has been shut down")
-        try:
-            with stage.send_lock:
-                stage.conn.send(message)
-        except (OSError, ValueError) as e:
-            logger.warning("stage %r: send failed (%s); its process is gone", name, e)
+            stages, self.stages = self.stages, {}
+        for handle in stages.values():
+            handle.send(("shutdown",), quiet=True)  # all asked first: they stop together
+        for handle in stages.values():
+            handle.stop()

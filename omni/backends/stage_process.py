@@ -16,7 +16,7 @@ Messages, each a tuple whose first item names it:
 Tensors cross as numpy arrays (omni/backends/transport.py), results and step rows too: the host
 packs them (`pack`), and unpacks what arrives (`resolve`), as a Ray stage actor does. The child
 exits when the parent says so, when the pipe closes (the parent is gone), or when its loop died;
-it ignores SIGINT and SIGTERM, which a terminal or a service manager sends the whole group.
+it ignores SIGINT, which a terminal's Ctrl-C sends the whole process group.
 """
 
 from __future__ import annotations
@@ -108,11 +108,11 @@ def serve(
     """The child process's main: build the stage, then serve the parent until told to stop."""
     import torch
 
-    # Ctrl-C and a service manager's SIGTERM reach the whole process group: the parent shuts
-    # the pipeline down gracefully and tells this process when; a stage that died first would
-    # fail the requests the parent is still finishing.
+    # A terminal's Ctrl-C reaches the whole process group: the parent shuts the pipeline down
+    # gracefully and tells this process when; a stage that died first would fail the requests
+    # the parent is still finishing. SIGTERM still ends it (multiprocessing's exit terminates
+    # daemonic children a parent left running, and then waits for them).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     logging.basicConfig(level=log_level, format=f"%(levelname)s [{config.name}] %(message)s")
     torch.set_num_threads(config.num_threads)

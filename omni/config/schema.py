@@ -174,7 +174,7 @@ class RuntimeConfig:
     log_level: str = "INFO"
     """Logging level of the driver and the actors: DEBUG, INFO, WARNING, ERROR or CRITICAL."""
     max_stage_restarts: int = 1
-    """How often the ray backend replaces a dead stage actor (per replica) before giving up."""
+    """How often the ray (per replica) or processes backend replaces a dead stage's process."""
     placement: str = "none"
     """none (Ray places each actor), pack or spread (one placement group, a bundle per replica)."""
     replica_routing: str = "cache_aware"

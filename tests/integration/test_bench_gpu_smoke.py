@@ -53,3 +53,5 @@ def test_the_gpu_bench_runs_every_part_on_the_cpu():
     table = output[output.index("## Issue 20's table") :]
     for row in ROWS:
         assert row in table, f"{row!r} missing from the closing table:\n{table}"
+    # The decode rows name the stage-process pass with a time (its steps timed in that process).
+    assert table.count("stage process ") == 2 and "stage process n/a" not in table, table

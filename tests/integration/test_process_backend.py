@@ -4,8 +4,9 @@ its own, driven through a pipe.
 Greedy tokens equal transformers' generate, and the tiny Qwen2.5-Omni pipeline (the talker
 streamed from the thinker, the audio streamed from the talker) gives the local backend's tokens,
 codes and audio. A stage process ignores Ctrl-C (the parent stops it) and stops when told; one
-killed mid-request fails its requests within seconds, naming the stage, and later requests are
-refused; a stage that cannot start raises its own ConfigError from the constructor.
+killed mid-request fails its requests within seconds, naming the stage, and is replaced (up to
+runtime.max_stage_restarts times; then later requests are refused); a stage that cannot start
+raises its own ConfigError from the constructor.
 """
 
 from __future__ import annotations
@@ -72,29 +73,46 @@ def test_omni_pipeline_streams_what_the_local_backend_does(omni_dir):
         torch.testing.assert_close(local.final.audio, separate.final.audio, atol=1e-5, rtol=1e-4)
 
 
-def test_a_killed_stage_process_fails_its_requests_fast(qwen2_dir):
+def test_a_killed_stage_process_fails_its_requests_and_is_replaced_once(qwen2_dir):
     params = SamplingParams(max_tokens=2000, ignore_eos=True)
     overrides = {"stages.llm.engine.device": "cpu", "stages.llm.engine.max_model_len": 4096}
+    short = SamplingParams(max_tokens=4, ignore_eos=True)
+
+    async def kill_mid_request(omni: AsyncOmni) -> str:
+        """Kill the stage process while a request decodes; that request's error."""
+        outputs = omni.generate([5, 6, 7], params)
+        first = await anext(outputs)  # a step's snapshot: it is decoding
+        assert first.error is None and not first.finished
+        os.kill(omni._driver().backend.stages["llm"].pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        last = first
+        async for output in outputs:
+            last = output
+        assert time.monotonic() - killed_at < 5.0
+        assert last.error is not None
+        return last.error
 
     async def main() -> None:
-        async with AsyncOmni(model=qwen2_dir, runtime=PROCESSES, **overrides) as omni:
-            outputs = omni.generate([5, 6, 7], params)
-            first = await anext(outputs)  # a step's snapshot: it is decoding
-            assert first.error is None and not first.finished
-            os.kill(omni._driver().backend.stages["llm"].process.pid, signal.SIGKILL)
-            killed_at = time.monotonic()
-            last = first
-            async for output in outputs:
-                last = output
-            assert last.error is not None and "stage 'llm': its process exited" in last.error
-            assert time.monotonic() - killed_at < 5.0
-            with pytest.raises(RuntimeError, match="stage 'llm': its process exited"):
+        runtime = {**PROCESSES, "max_stage_restarts": 1}
+        async with AsyncOmni(model=qwen2_dir, runtime=runtime, **overrides) as omni:
+            first_pid = omni.stats()["llm"]["pid"]
+            error = await kill_mid_request(omni)
+            assert "stage 'llm': its process exited with code -9" in error, error
+            # Replaced: a request sent while it restarts is held, then served.
+            later = [output async for output in omni.generate([5, 6], short)][-1]
+            assert later.error is None and len(later.final.token_ids) == 4
+            stats = omni.stats()["llm"]
+            assert stats["restarts"] == 1 and stats["pid"] != first_pid
+            assert await omni.check_health() == []
+            # Past runtime.max_stage_restarts: dead, and later requests are refused.
+            await kill_mid_request(omni)
+            with pytest.raises(RuntimeError, match="not restarted again"):
                 await omni.check_health()
             with pytest.raises(RuntimeError, match="stage 'llm': its process exited"):
-                async for _ in omni.generate([5, 6], SamplingParams(max_tokens=2)):
+                async for _ in omni.generate([5, 6], short):
                     pass  # refused when added: the stage it needs is dead
 
-    asyncio.run(asyncio.wait_for(main(), timeout=120))
+    asyncio.run(asyncio.wait_for(main(), timeout=180))
 
 
 def test_a_stage_that_cannot_start_raises_its_config_error(qwen2_dir):
