@@ -22,11 +22,14 @@ stop, then kills what is left.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import itertools
 import logging
 import multiprocessing
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,6 +69,10 @@ class ProcessBackend:
         self._stopping = False
         self.num_restarts = dict.fromkeys(config.topological_order(), 0)
         self.stages: dict[str, ProcessHandle] = {}
+        # A caller that exits without shutdown: stop the stages first, so that none is taken for
+        # dead and replaced while the interpreter ends (multiprocessing then ends them anyway).
+        self._at_exit = functools.partial(_shutdown_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
         try:
             for name in config.topological_order():
                 self.stages[name] = self._start(name)
@@ -158,8 +165,9 @@ class ProcessBackend:
             if stage in self._held:
                 self._held[stage].extend(wire)
                 return
-            handle = self.stages[stage]
-        handle.send(("submit", wire))
+            handle = self.stages.get(stage)
+        if handle is not None:  # else shut down: the driver fails what is left
+            handle.send(("submit", wire))
 
     def poll(self, timeout_s: float) -> list[StageEvent]:
         with self._cond:
@@ -178,8 +186,9 @@ class ProcessBackend:
                 dropped = set(request_ids)
                 self._held[stage] = [i for i in self._held[stage] if i.request_id not in dropped]
                 return
-            handle = self.stages[stage]
-        handle.send(("abort", list(request_ids)))
+            handle = self.stages.get(stage)
+        if handle is not None:
+            handle.send(("abort", list(request_ids)))
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Each stage's, with its restarts; a dead or restarting one: why, as "error"."""
@@ -222,6 +231,7 @@ class ProcessBackend:
             return dict(self._dead)
 
     def shutdown(self) -> None:
+        atexit.unregister(self._at_exit)
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -230,3 +240,9 @@ class ProcessBackend:
             handle.send(("shutdown",), quiet=True)  # all asked first: they stop together
         for handle in stages.values():
             handle.stop()
+
+
+def _shutdown_at_exit(backend: weakref.ref[ProcessBackend]) -> None:
+    live = backend()
+    if live is not None:
+        live.shutdown()

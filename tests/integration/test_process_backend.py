@@ -6,7 +6,8 @@ streamed from the thinker, the audio streamed from the talker) gives the local b
 codes and audio. A stage process ignores Ctrl-C (the parent stops it) and stops when told; one
 killed mid-request fails its requests within seconds, naming the stage, and is replaced (up to
 runtime.max_stage_restarts times; then later requests are refused); a stage that cannot start
-raises its own ConfigError from the constructor.
+raises its own ConfigError from the constructor; a caller that exits without shutdown stops
+its stage processes on the way out.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import OMNI_ON_CPU, transformers_greedy
+from helpers import OMNI_ON_CPU, python_path, transformers_greedy
 
 from omni import AsyncOmni, Omni
 from omni.config import ConfigError
@@ -26,6 +30,7 @@ from omni.core.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[2]
 PROCESSES = {"backend": "processes", "log_level": "WARNING", "request_timeout_s": 60}
 
 
@@ -113,6 +118,40 @@ def test_a_killed_stage_process_fails_its_requests_and_is_replaced_once(qwen2_di
                     pass  # refused when added: the stage it needs is dead
 
     asyncio.run(asyncio.wait_for(main(), timeout=180))
+
+
+EXIT_WITHOUT_SHUTDOWN = """
+import atexit
+import sys
+from omni import Omni
+from omni.core.sampling_params import SamplingParams
+
+def report():  # registered first, so it runs after the exit hooks registered later (omni's)
+    print("stages left", list(omni.backend.stages), flush=True)
+
+if __name__ == "__main__":
+    atexit.register(report)
+    omni = Omni(model=sys.argv[1], runtime={"backend": "processes"},
+                **{"stages.llm.engine.device": "cpu"})
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    print(omni.generate([[5, 6, 7]], params, use_tqdm=False)[0].final.token_ids)
+    print("pid", omni.stats()["llm"]["pid"], flush=True)
+"""
+
+
+def test_a_caller_exiting_without_shutdown_stops_its_stage_processes(qwen2_dir, tmp_path):
+    script = tmp_path / "leave.py"
+    script.write_text(EXIT_WITHOUT_SHUTDOWN)
+    env = {**os.environ, "PYTHONPATH": python_path(REPO)}
+    run = subprocess.run(
+        [sys.executable, str(script), qwen2_dir], env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "stages left []" in run.stdout, run.stdout  # shut down before multiprocessing's exit
+    assert "restarting" not in run.stderr and "died" not in run.stderr, run.stderr[-3000:]
+    pid = int(run.stdout.split("pid ")[1].split()[0])
+    assert not Path(f"/proc/{pid}").exists()  # stopped (and reaped), not left behind
 
 
 def test_a_stage_that_cannot_start_raises_its_config_error(qwen2_dir):
