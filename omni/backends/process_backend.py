@@ -81,6 +81,14 @@ class ProcessBackend:
             raise
         started = [f"{h.name} (pid {h.pid}, {h.info['device']})" for h in self.stages.values()]
         logger.info("processes backend: %s", ", ".join(started))
+        on_gpu = [h.name for h in self.stages.values() if h.info["device"].startswith("cuda")]
+        if len(on_gpu) > 1:
+            logger.warning(
+                "processes backend: stages %s share one GPU from processes of their own, so "
+                "their kernels take turns (no overlap) unless NVIDIA's MPS daemon runs; "
+                "runtime.backend local overlaps them (docs/gpu.md)",
+                on_gpu,
+            )
 
     def _start(self, name: str) -> ProcessHandle:
         stage = self.config.stage(name)
