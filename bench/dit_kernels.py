@@ -1,7 +1,7 @@
 """Kernels per DiT evaluation of a streamed token2wav chunk: transformers' own layers (float32
 weights under autocast) against omni's evaluation (stages/qwen2_5_omni/token2wav_dit.py: its
 Linear weights stored in the autocast dtype, masks built once per reach, the time embedding's
-SiLU once), counted on the CPU.
+SiLU once, the first head's query and key rotated together), counted on the CPU.
 
 A chunk's step on a GPU is bound by its kernels, not its arithmetic: 36 DiT evaluations a chunk
 (RK4, 10 time points), each a replayed CUDA graph of small kernels (on the H200, a batch of one

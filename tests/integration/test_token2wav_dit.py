@@ -1,7 +1,7 @@
 """dit_velocity (stages/qwen2_5_omni/token2wav_dit.py) against the DiT's own layers: the same
 velocity bit for bit, float32 and under autocast, with each attention mask built once per reach
-instead of once per layer and the time embedding's SiLU once (on the amplified tiny DiT, whose
-layers mix frames)."""
+instead of once per layer, the time embedding's SiLU once and the first head's query and key
+rotated together (on the amplified tiny DiT, whose layers mix frames)."""
 
 from __future__ import annotations
 
@@ -47,4 +47,6 @@ def test_the_velocity_equals_the_layers_with_masks_built_once_per_reach(omni_dir
     assert ours.ops["ge"] == len(reaches) < len(dit.transformer_blocks)
     # the time embedding's SiLU once, not in each layer's adaptive norm
     assert theirs.ops["silu"] - ours.ops["silu"] == len(dit.transformer_blocks) - 1
+    # the first head's query and key rotated together: one negation a layer, not two
+    assert theirs.ops["neg"] - ours.ops["neg"] == len(dit.transformer_blocks)
     assert sum(ours.ops.values()) < sum(theirs.ops.values())
