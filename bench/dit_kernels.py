@@ -51,7 +51,8 @@ NO_KERNEL = {
 
 class Kernels(TorchDispatchMode):
     """Aten ops dispatched, by name; `kernels` leaves out NO_KERNEL and ops that return their
-    input as it is (autocast's cast to the same dtype, dropout in eval mode)."""
+    input as it is (autocast's cast to the same dtype, dropout in eval mode), but not in-place
+    ops (copy_ into a slice). Composite ops count once (a Linear's matmul and bias, attention)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -60,7 +61,7 @@ class Kernels(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        if args and out is args[0]:
+        if args and out is args[0] and not name.endswith("_"):  # in place (copy_): a kernel
             name += " (no-op)"
         self.ops[name] += 1
         return out
