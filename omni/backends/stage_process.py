@@ -162,7 +162,11 @@ def _commands(conn: Connection, host: StageHost, send: Any, stopping: threading.
         elif kind == "abort":
             host.abort(message[1])
         elif kind == "stats":
-            send(("stats", message[1], {**host.stats(), "pid": os.getpid()}))
+            try:
+                stats = {**host.stats(), "pid": os.getpid()}
+            except Exception as e:  # reported as the stage being down, not a dead process
+                stats = {"stage": host.name, "error": f"stage {host.name!r}: stats failed: {e}"}
+            send(("stats", message[1], stats))
         elif kind == "shutdown":
             return
         else:
