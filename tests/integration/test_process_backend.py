@@ -7,7 +7,8 @@ codes and audio. A stage process ignores Ctrl-C (the parent stops it) and stops 
 killed mid-request fails its requests within seconds, naming the stage, and is replaced (up to
 runtime.max_stage_restarts times; then later requests are refused); a stage that cannot start
 raises its own ConfigError from the constructor; a caller that exits without shutdown stops
-its stage processes on the way out.
+its stage processes on the way out; `omni serve` on it streams the Python API's text and stops
+its stage process at SIGTERM.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ import sys
 import time
 from pathlib import Path
 
+import openai
 import pytest
 import torch
-from helpers import OMNI_ON_CPU, python_path, transformers_greedy
+from helpers import OMNI_ON_CPU, cli_sets, on_cpu, python_path, transformers_greedy
 
 from omni import AsyncOmni, Omni
 from omni.config import ConfigError
 from omni.core.sampling_params import SamplingParams
+from omni.entrypoints.openai.prompts import chat_prompt
+from tools.serve_process import ServeProcess
 
 pytestmark = pytest.mark.slow
 
@@ -125,6 +129,8 @@ import atexit
 import sys
 from omni import Omni
 from omni.core.sampling_params import SamplingParams
+from omni.entrypoints.openai.prompts import chat_prompt
+from tools.serve_process import ServeProcess
 
 def report():  # registered first, so it runs after the exit hooks registered later (omni's)
     print("stages left", list(omni.backend.stages), flush=True)
@@ -152,6 +158,46 @@ def test_a_caller_exiting_without_shutdown_stops_its_stage_processes(qwen2_dir, 
     assert "restarting" not in run.stderr and "died" not in run.stderr, run.stderr[-3000:]
     pid = int(run.stdout.split("pid ")[1].split()[0])
     assert not Path(f"/proc/{pid}").exists()  # stopped (and reaped), not left behind
+
+
+def _stage_processes(pid: int) -> list[int]:
+    """The live stage processes pid spawned (not multiprocessing's resource tracker), from /proc."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                status = (entry / "status").read_text()
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue  # gone meanwhile
+            child = f"\nPPid:\t{pid}\n" in status and "\nState:\tZ" not in status
+            if child and b"spawn_main" in command:
+                out.append(int(entry.name))
+    return out
+
+
+def test_omni_serve_on_stage_processes_streams_the_python_apis_tokens(qwen2_dir):
+    messages = [{"role": "user", "content": "Tell me about foxes."}]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    with Omni(model=qwen2_dir, runtime={"backend": "local"}, **on_cpu("llm")) as lm:
+        prompt = chat_prompt(lm.async_omni.prompt_processor.tokenizer, messages)
+        (want,) = lm.generate([prompt], params, use_tqdm=False)
+    args = ["--model", qwen2_dir, "--served-model-name", "lm", "--set", "runtime.backend=processes"]
+    server = ServeProcess(args + cli_sets(on_cpu("llm"))).start()
+    try:
+        server.wait_ready()
+        assert server.proc is not None
+        (stage_pid,) = _stage_processes(server.proc.pid)  # the one stage's process
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="-", max_retries=0)
+        stream = client.chat.completions.create(
+            model="lm", messages=messages, max_tokens=8, stream=True,
+            extra_body={"stage_sampling": {"llm": {"ignore_eos": True}}},
+        )  # fmt: skip
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        assert text == want.final.text
+    finally:
+        assert server.stop() == 0, server.output()  # SIGTERM: a graceful shutdown
+    assert not Path(f"/proc/{stage_pid}").exists()
 
 
 def test_a_stage_that_cannot_start_raises_its_config_error(qwen2_dir):
