@@ -10,14 +10,14 @@ Rules (docs/gpu.md, "Config fields"):
   else the fraction its own `gpu_memory_utilization` implies (share / 0.9), else 0.1 for a
   generation stage (a vocoder sizes no pool from its share: a small fixed one leaves the rest to
   the KV pools), and the ar stages split what is left of one GPU equally. On the local and
-  processes backends the planned stages share cuda:0 with every other GPU stage, and on Ray with one GPU too (a
-  stage taking the whole GPU leaves them none: a ConfigError).
+  processes backends the planned stages share cuda:0 with every other GPU stage, and on Ray
+  with one GPU too (a stage taking the whole GPU leaves them none: a ConfigError).
 - `device: cuda` needs a GPU: num_gpus 0 contradicts it, and the machine or cluster must have one.
 - `gpu_memory_utilization` null: 0.9 of the stage's fraction (0.9 of a GPU for whole GPUs).
 - Memory shares on one GPU sum to at most 0.95 (the rest is for CUDA contexts and fragmentation).
-  On the local and processes backends every GPU stage is on cuda:0. On Ray a stage's share may not exceed its
-  fraction, and no set of fractional stages Ray may put on one GPU (fractions summing to at most
-  1) may sum above 0.95.
+  On the local and processes backends every GPU stage is on cuda:0. On Ray a stage's share may
+  not exceed its fraction, and no set of fractional stages Ray may put on one GPU (fractions
+  summing to at most 1) may sum above 0.95.
 """
 
 from __future__ import annotations

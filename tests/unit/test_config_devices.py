@@ -274,3 +274,26 @@ def test_ar_stages_get_the_higher_stream_priority():
 
     assert stream_priority("ar") < stream_priority("generation") == 0
     assert use_own_stream(torch.device("cpu"), stream_priority("ar")) is None
+
+
+def test_the_processes_backend_plans_as_the_local_one(join_processor):
+    """Its stages are processes of this machine: every GPU stage on cuda:0, as locally; one
+    copy of each stage."""
+    shares = {"a.engine.gpu_memory_utilization": 0.5, "b.engine.gpu_memory_utilization": 0.3}
+    local = plan_gpus(_config("local", **shares), num_gpus=2, what="-")
+    processes = plan_gpus(_config("processes", **shares), num_gpus=2, what="-")
+    for a, b in zip(local.stages, processes.stages, strict=True):
+        assert (a.resources, a.engine) == (b.resources, b.engine)
+    too_much = {
+        "a.resources.num_gpus": 0.7,
+        "a.engine.gpu_memory_utilization": 0.7,
+        "b.resources.num_gpus": 0.2,
+        "c.engine.device": "cuda",
+        "c.resources.num_gpus": 0.1,
+    }  # fmt: skip  (shares 0.7 + 0.18 + 0.09 = 0.97: above 0.95 on one GPU)
+    with pytest.raises(
+        ConfigError, match="on the processes backend every GPU stage runs on cuda:0"
+    ):
+        plan_gpus(_config("processes", **too_much), num_gpus=2, what="-")
+    with pytest.raises(ConfigError, match=r"stages\.b\.resources\.replicas.*'processes'"):
+        _config("processes", **{"b.resources.replicas": 2})
