@@ -5,8 +5,9 @@ its DiTDecoderLayer) with less repeated work: the speaker encoder runs once per 
 caller's `static` conditioning); the attention masks, which every layer of transformers' forward
 builds anew from the block differences (three kernels a layer), once per distinct (look back,
 look ahead) reach; the SiLU of the time embedding, which every layer's adaptive norm takes, once;
-and the rotary embedding of the first head (the only one the checkpoint rotates) for its query
-and key together: 9 kernels a layer instead of 14, the same elementwise arithmetic.
+the rotary embedding of the first head (the only one the checkpoint rotates) for its query and
+key together: 9 kernels a layer instead of 14, the same elementwise arithmetic; and the
+attention's input cast once for its three projections, not by autocast in each.
 With `own_layers` it runs transformers' layer forwards as they are instead: the reference that
 tests/integration/test_token2wav_dit.py and bench/dit_kernels.py hold it to, bit for bit.
 """
@@ -114,13 +115,19 @@ def dit_attention(
     position_embeddings: tuple[torch.Tensor, torch.Tensor],
     mask: torch.Tensor,
 ) -> torch.Tensor:
-    """DiTAttention's forward with the first head's query and key rotated together. Its own
-    forward deinterleaves each (the checkpoint's interleaved layout), rotates each (rotate_half:
+    """DiTAttention's forward with its input cast once (not by autocast in each of the three
+    projections) and the first head's query and key rotated together. Its own forward
+    deinterleaves each (the checkpoint's interleaved layout), rotates each (rotate_half:
     a negation and a concatenation), multiplies by cos and sin, adds, and copies each back: 14
     kernels. Stacked first, the same operations on both at once are 9, and every element
     meets the same arithmetic in the same dtypes (the products promote to float32 with cos and
     sin; the copy back rounds once)."""
     batch_size, heads = hidden.shape[0], attn.heads
+    # Cast once for the three projections, to what autocast would cast it to in each: on a GPU
+    # the adaptive norm's output is float32 (CUDA autocast runs layer_norm in float32).
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        hidden = hidden.to(torch.get_autocast_dtype(device))
     query, key, value = attn.to_q(hidden), attn.to_k(hidden), attn.to_v(hidden)
     head_dim = key.shape[-1] // heads
     query = query.view(batch_size, -1, heads, head_dim).transpose(1, 2)

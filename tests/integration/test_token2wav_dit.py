@@ -12,7 +12,7 @@ import torch
 
 from stages.qwen2_5_omni.token2wav import OmniToken2WavAdapter
 from stages.qwen2_5_omni.token2wav_chunks import _block_diff
-from stages.qwen2_5_omni.token2wav_dit import dit_velocity
+from stages.qwen2_5_omni.token2wav_dit import dit_attention, dit_velocity, matmul_copy
 from tests.integration.test_token2wav_precision import OpCounter
 from tests.integration.test_token2wav_stream import amplify_dit
 
@@ -50,3 +50,26 @@ def test_the_velocity_equals_the_layers_with_masks_built_once_per_reach(omni_dir
     # the first head's query and key rotated together: one negation a layer, not two
     assert theirs.ops["neg"] - ours.ops["neg"] == len(dit.transformer_blocks)
     assert sum(ours.ops.values()) < sum(theirs.ops.values())
+
+
+def test_the_attention_casts_a_float32_input_once(omni_dir):
+    """On a GPU the adaptive norm's output is float32 (CUDA autocast runs layer_norm in float32),
+    and autocast casts it in each of the query, key and value projections; dit_attention casts
+    it once, to the same dtype, for the same result bit for bit."""
+    dit = matmul_copy(amplify_dit(OmniToken2WavAdapter(omni_dir)).dit, torch.float16)
+    attn = dit.transformer_blocks[0].attn
+    frames = 2 * dit.block_size
+    hidden = torch.randn(
+        2, frames, attn.to_q.in_features, generator=torch.Generator().manual_seed(5)
+    )
+    cos, sin = dit.rotary_embed(hidden, torch.arange(frames).repeat(2, 1))
+    mask = torch.rand(2, attn.heads, frames, frames, generator=torch.Generator().manual_seed(6))
+    mask = mask > 0.3
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.float16):
+        with OpCounter() as theirs:
+            want = attn(hidden_states=hidden, position_embeddings=(cos, sin), attention_mask=mask)
+        with OpCounter() as ours:
+            got = dit_attention(attn, hidden, (cos, sin), mask)
+    assert hidden.dtype == torch.float32 and torch.equal(got, want)
+    casts = theirs.ops["_to_copy"] + theirs.ops["to"], ours.ops["_to_copy"] + ours.ops["to"]
+    assert casts[0] - casts[1] == 2, (theirs.ops, ours.ops)
