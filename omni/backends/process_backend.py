@@ -5,8 +5,9 @@ side).
 It is the local backend without the shared GIL: a stage steps while the driver thread and the
 caller's event loop, in this process, route and deliver what it produced (docs/gpu.md, "Stages
 in processes of their own"). Devices are planned as on the local backend: every GPU stage on the
-first GPU torch sees. Stages start one at a time, in topological order, each sizing its caches
-from what is left of the GPU once the ones before it are in.
+first GPU torch sees. With GPU stages, stages start one at a time, in topological order, each
+sizing its caches from what is left of the GPU once the ones before it are in; without, all at
+once.
 
 Each stage's events (tensors as numpy arrays, turned back into torch tensors on arrival, as
 under Ray) wake `poll`. Payloads routed between stages are the packed results themselves, so a
@@ -73,9 +74,16 @@ class ProcessBackend:
         # dead and replaced while the interpreter ends (multiprocessing then ends them anyway).
         self._at_exit = functools.partial(_shutdown_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
+        # A GPU stage sizes its caches from what the stages before it left of the GPU, so those
+        # start one at a time; without GPU stages every process starts at once.
+        one_by_one = any(s.resources.num_gpus for s in config.stages)
         try:
             for name in config.topological_order():
-                self.stages[name] = self._start(name)
+                self.stages[name] = self._spawn(name)
+                if one_by_one:
+                    self.stages[name].wait_ready(self.timeout_s)
+            for handle in [] if one_by_one else self.stages.values():
+                handle.wait_ready(self.timeout_s)
         except BaseException:
             self.shutdown()
             raise
@@ -90,10 +98,10 @@ class ProcessBackend:
                 on_gpu,
             )
 
-    def _start(self, name: str) -> ProcessHandle:
+    def _spawn(self, name: str) -> ProcessHandle:
         stage = self.config.stage(name)
         mine = {p: self.processors[p] for p in [stage.input_processor] if p is not None}
-        handle = ProcessHandle(
+        return ProcessHandle(
             self._context,
             stage,
             mine,
@@ -101,8 +109,6 @@ class ProcessBackend:
             on_message=lambda message: self._on_message(name, message),
             on_exit=self._on_exit,
         )
-        handle.wait_ready(self.timeout_s)
-        return handle
 
     # ---- what the stages send (their readers' threads) ----------------------------------------
     def _on_message(self, name: str, message: tuple) -> None:
@@ -137,7 +143,8 @@ class ProcessBackend:
 
     def _restart(self, name: str) -> None:
         try:
-            handle = self._start(name)
+            handle = self._spawn(name)
+            handle.wait_ready(self.timeout_s)
         except BaseException as e:
             why = f"stage {name!r}: its replacement process failed to start: {e}"
             logger.error("%s", why)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import torch
 from safetensors import safe_open
+from transformers import Qwen2_5OmniConfig
+from transformers.utils import logging as hf_logging
 
 
 def _shards(model_dir: str) -> dict[str, str]:
@@ -63,3 +66,18 @@ def load_speakers(model_dir: str) -> dict[str, dict]:
     if not os.path.exists(path):
         raise ValueError(f"{model_dir!r} has no spk_dict.pt (Qwen2.5-Omni speakers)")
     return torch.load(path, weights_only=True)
+
+
+def part_config(model_dir: str, part: str) -> Any:
+    """The config of one part ("talker", "token2wav") of the checkpoint's composite config.
+
+    Loading the composite config makes transformers warn that text token ids (e.g.
+    tts_text_start_token_id) lie outside the talker's codec vocabulary: true of the real
+    checkpoint too, and nothing to do with either part. Errors still show."""
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        config = Qwen2_5OmniConfig.from_pretrained(model_dir)
+    finally:
+        hf_logging.set_verbosity(level)
+    return getattr(config, f"{part}_config")

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers import Qwen2_5OmniConfig
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
     Qwen2_5OmniTalkerForConditionalGeneration,
 )
@@ -44,7 +43,7 @@ from omni.runtime.stage_model import (
     StageModel,
     StageModelBase,
 )
-from stages.qwen2_5_omni.part_loader import load_part, load_rows, load_speakers
+from stages.qwen2_5_omni.part_loader import load_part, load_rows, load_speakers, part_config
 from stages.qwen2_5_omni.talker_inputs import TalkerRequestState, build_state, check_extras
 from stages.qwen2_5_omni.talker_penalty import SeenCodes
 from stages.qwen2_5_omni.talker_step import TalkerStep, plan_step
@@ -72,7 +71,7 @@ class OmniTalkerAdapter(StageModelBase):
         register_paged_attention()
         hf_logging.disable_progress_bar()
         self.device = torch.device(device)
-        config = Qwen2_5OmniConfig.from_pretrained(model_dir).talker_config
+        config = part_config(model_dir, "talker")
         config._attn_implementation = ATTENTION_NAME
         talker = Qwen2_5OmniTalkerForConditionalGeneration(config)
         self.talker = talker.to(device=self.device, dtype=dtype).eval()

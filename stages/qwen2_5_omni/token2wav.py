@@ -36,13 +36,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import Qwen2_5OmniConfig
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 from transformers.utils import logging as hf_logging
 
 from omni.messages import StageInput
 from omni.runtime.stage_model import ChunkedGenerationModel, ChunkJob, StageModelBase
-from stages.qwen2_5_omni.part_loader import load_part, load_speakers
+from stages.qwen2_5_omni.part_loader import load_part, load_speakers, part_config
 from stages.qwen2_5_omni.token2wav_chunks import (
     DitWindow,
     SpeakerInputs,
@@ -87,7 +86,7 @@ class OmniToken2WavAdapter(StageModelBase):
         del dtype  # token2wav always runs in float32 (as transformers forces it)
         hf_logging.disable_progress_bar()
         self.device = torch.device(device)
-        config = Qwen2_5OmniConfig.from_pretrained(model_dir).token2wav_config
+        config = part_config(model_dir, "token2wav")
         config._attn_implementation = "sdpa"
         model = Qwen2_5OmniToken2WavModel(config).float()
         self.model = model.to(self.device).eval()
