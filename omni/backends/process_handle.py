@@ -64,16 +64,16 @@ class ProcessHandle:
         try:
             while not self.conn.poll(WAIT_S):
                 if not self.process.is_alive():
-                    raise RuntimeError(
-                        f"stage {self.name!r}: its process exited with code "
-                        f"{self.process.exitcode} while starting (its log above says why)"
-                    )
+                    raise self._exited_while_starting()
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"stage {self.name!r}: not started within {timeout_s:g} s "
                         "(runtime.request_timeout_s)"
                     )
-            message = self.conn.recv()
+            try:
+                message = self.conn.recv()
+            except EOFError:  # it exited before saying anything
+                raise self._exited_while_starting() from None
             if message[0] == "failed":
                 raise message[1]
         except BaseException:
@@ -81,6 +81,17 @@ class ProcessHandle:
             raise
         self.info = message[1]
         self._reader.start()
+
+    def _exited_while_starting(self) -> RuntimeError:
+        with self._wait_lock:
+            self.process.join(timeout=JOIN_S)
+            code = self.process.exitcode
+        return RuntimeError(
+            f"stage {self.name!r}: its process exited with code {code} while starting (its log "
+            "above says why). A script that starts a pipeline on runtime.backend processes must "
+            'do so under `if __name__ == "__main__":`: each stage process imports the script '
+            "first (multiprocessing's spawn)"
+        )
 
     @property
     def pid(self) -> int | None:

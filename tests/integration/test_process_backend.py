@@ -7,7 +7,8 @@ codes and audio. A stage process ignores Ctrl-C (the parent stops it) and stops 
 killed mid-request fails its requests within seconds, naming the stage, and is replaced (up to
 runtime.max_stage_restarts times; then later requests are refused); a stage that cannot start
 raises its own ConfigError from the constructor; a caller that exits without shutdown stops
-its stage processes on the way out; `omni serve` on it streams the Python API's text and stops
+its stage processes on the way out, and one that starts a pipeline at import is told to guard
+its entry point; `omni serve` on it streams the Python API's text and stops
 its stage process at SIGTERM.
 """
 
@@ -198,6 +199,25 @@ def test_omni_serve_on_stage_processes_streams_the_python_apis_tokens(qwen2_dir)
     finally:
         assert server.stop() == 0, server.output()  # SIGTERM: a graceful shutdown
     assert not Path(f"/proc/{stage_pid}").exists()
+
+
+def test_an_unguarded_script_gets_told_to_guard_its_entry_point(qwen2_dir, tmp_path):
+    """Spawn imports the script in each stage process: one that starts a pipeline at import
+    would start another there; the stage process fails, and the error says what to do."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import sys\nfrom omni import Omni\n"
+        "Omni(model=sys.argv[1], runtime={'backend': 'processes'},"
+        " **{'stages.llm.engine.device': 'cpu'})\n"
+    )
+    env = {**os.environ, "PYTHONPATH": python_path(REPO)}
+    run = subprocess.run(
+        [sys.executable, str(script), qwen2_dir], env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "stage 'llm': its process exited with code 1 while starting" in run.stderr
+    assert 'must do so under `if __name__ == "__main__":`' in run.stderr
 
 
 def test_a_stage_that_cannot_start_raises_its_config_error(qwen2_dir):
