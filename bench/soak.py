@@ -6,7 +6,7 @@ with its prompt's reference (greedy); at the end the server must hold no request
 in any stage, and its RSS must not grow 5% or more over the second half. Prints the tables;
 exits 1 on any failure. The run itself: tools/soak.py; docs/soak.md has a measured run.
 
-    .venv/bin/python bench/soak.py [--requests 10000] [--concurrency 32] [--backend local|ray]
+    .venv/bin/python bench/soak.py [--requests 10000] [--concurrency 32] [--backend local|ray|processes]
         [--prompts 20] [--max-tokens 8] [--talker-tokens 16] [--seed 0] [--set KEY=VALUE ...]
 """
 
@@ -110,7 +110,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--backend", default="local", choices=["local", "ray"])
+    parser.add_argument("--backend", default="local", choices=["local", "ray", "processes"])
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=8, help="thinker tokens per chat")
     parser.add_argument("--talker-tokens", type=int, default=16, help="codes per audio answer")
