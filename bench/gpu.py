@@ -25,8 +25,8 @@ Prints the device, then (each part optional, see --skip):
 5. decode: the same decoder, omni's decode step at each --decode-batch B with CUDA graphs on,
    on with `engine.async_scheduling` (each step launched before the previous one's ids are
    read; --skip ahead leaves it out), that with the stage in a process of its own
-   (`runtime.backend: processes`; --skip processes leaves it out; no profile there), and off (`engine.cuda_graphs` true / false; on the CPU
-   true is the padded eager path): StageEngine
+   (`runtime.backend: processes`; --skip processes leaves it out; no profile there), and off
+   (`engine.cuda_graphs` true / false; on the CPU true is the padded eager path): StageEngine
    step wall time over the steps where all B requests decode, tokens/s, start-up (the AsyncOmni
    constructor, capture included) and the stage's cuda_graph_capture_s / cuda_graph_bytes;
    against transformers' `generate` on the same weights and prompts, batched: dynamic cache and

@@ -26,7 +26,8 @@ builds and detokenizes none), to see what streaming costs the stage thread.
 --backend processes runs the stage in a process of its own (runtime.backend processes): the
 stage's threads there are named "stage:<thread>". The stand-ins are installed in that process
 when it imports this script (multiprocessing's spawn imports the parent's main module as
-__mp_main__); the step starts and thread times come back through the stage's stats. "tok/s" is
+__mp_main__); the step starts and thread times come back through the stage's stats, and
+--switch-interval sets the caller's process only. "tok/s" is
 the level's B * --tokens over its wall time: with the stage in another process it may step
 faster than the driver delivers, so the step period alone would flatter it.
 

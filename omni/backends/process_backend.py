@@ -82,8 +82,9 @@ class ProcessBackend:
                 self.stages[name] = self._spawn(name)
                 if one_by_one:
                     self.stages[name].wait_ready(self.timeout_s)
-            for handle in [] if one_by_one else self.stages.values():
-                handle.wait_ready(self.timeout_s)
+            if not one_by_one:
+                for handle in self.stages.values():
+                    handle.wait_ready(self.timeout_s)
         except BaseException:
             self.shutdown()
             raise

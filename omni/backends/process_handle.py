@@ -88,9 +88,9 @@ class ProcessHandle:
             code = self.process.exitcode
         return RuntimeError(
             f"stage {self.name!r}: its process exited with code {code} while starting (its log "
-            "above says why). A script that starts a pipeline on runtime.backend processes must "
-            'do so under `if __name__ == "__main__":`: each stage process imports the script '
-            "first (multiprocessing's spawn)"
+            "above says why). If that log is multiprocessing's about bootstrapping: a script "
+            "that starts a pipeline on runtime.backend processes must do so under "
+            '`if __name__ == "__main__":`, since each stage process imports the script first'
         )
 
     @property
