@@ -56,6 +56,7 @@ class ProfileWindow:
         self.records: list[StepRecord] = []
         self.prof: Any = None
         self.done = False
+        self.result: dict[str, Any] = {}
         self.wall_s = 0.0
         self._start = 0.0
 
@@ -81,6 +82,9 @@ class ProfileWindow:
             sync(self.device)
             self.wall_s = time.perf_counter() - self._start
             self.prof.stop()
+            # Read now: a later window's profiler session leaves this one's kernels without
+            # durations (the H200 run of 2026-11-27 read 0 us for the first of two windows).
+            self.result = self._summarize()
             self.done = True
 
     def summary(self) -> dict[str, Any]:
@@ -91,6 +95,9 @@ class ProfileWindow:
                 f"the profile window never closed: {self.seen} full decode steps at B="
                 f"{self.batch} seen, {len(self.records)} of {self.num_steps} profiled"
             )
+        return self.result
+
+    def _summarize(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "trace.json"
             self.prof.export_chrome_trace(str(path))

@@ -241,8 +241,17 @@ def decode_targets(results: dict[str, Any], args: argparse.Namespace) -> list[Ta
             )
         )
     # The share of the unprofiled step (kernel time / the level's p50 step): the profiler's
-    # per-launch callbacks slow the host, so the profiled wall overstates the step.
-    batch = profile_batches(args)[0]
+    # per-launch callbacks slow the host, so the profiled wall overstates the step. A row per
+    # profiled B (the issue's target row is the first).
+    for batch in profile_batches(args):
+        rows.extend(_busy_rows(omni, batch, issue))
+    return rows
+
+
+def _busy_rows(omni: dict[Mode, dict | None], batch: int, issue: bool) -> list[Target]:
+    """The GPU-busy row at `batch`: the best share of the passes with a profile there."""
+    rows: list[Target] = []
+    ours = omni.get(True)
     shares = []
     for result in (ours, omni.get("ahead")):
         found = result.get("profiles", {}).get(batch) if result else None

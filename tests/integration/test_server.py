@@ -365,18 +365,24 @@ def test_metrics_parse_and_move(servers, client):
     before = _metrics(server)
     client.chat.completions.create(**GOOD, stream=False)
     list(client.chat.completions.create(**GOOD, stream=True))
+    # its own spoken answer: the first-audio histogram must not depend on which tests ran first
+    client.chat.completions.create(**GOOD, **AUDIO)
+    with pytest.raises(openai.BadRequestError):  # and its own error response
+        client.chat.completions.create(**{**GOOD, "messages": []})
     after = _metrics(server)
     key = "omni_requests_total{endpoint=/v1/chat/completions}"
-    assert after[key] == before.get(key, 0) + 2
+    assert after[key] == before.get(key, 0) + 4  # the bad one counts too
     assert after["omni_time_to_first_token_seconds_count{endpoint=/v1/chat/completions}"] >= 1
-    assert after["omni_e2e_request_latency_seconds_count{endpoint=/v1/chat/completions}"] >= 2
-    assert after["omni_time_to_first_audio_seconds_count{endpoint=/v1/chat/completions}"] >= 1
+    assert after["omni_e2e_request_latency_seconds_count{endpoint=/v1/chat/completions}"] >= 3
+    ttfa = "omni_time_to_first_audio_seconds_count{endpoint=/v1/chat/completions}"
+    assert after[ttfa] >= before.get(ttfa, 0) + 1
     assert after["omni_stage_kv_queried_tokens{stage=thinker}"] > before.get(
         "omni_stage_kv_queried_tokens{stage=thinker}", 0
     )
     assert after["omni_stage_kv_hit_tokens{stage=thinker}"] > 0  # the repeated long prompt
     assert "omni_stage_output_hit_rows{stage=talker}" in after
-    assert any(k.startswith("omni_request_errors_total") for k in after)
+    errors = "omni_request_errors_total{endpoint=/v1/chat/completions,status=400}"
+    assert after[errors] == before.get(errors, 0) + 1
 
 
 def test_sigterm_stops_cleanly(servers, lm_client):
