@@ -112,9 +112,10 @@ def test_streaming_speech_matches_transformers(omni_dir, reference, padded):
         assert out.finished and out.error is None, out.error
         assert out.stages["thinker"].token_ids == reference.thinker_ids
         assert out.stages["talker"].token_ids == reference.codes
-        # The talker started before the thinker finished, token2wav before the talker did.
-        talker_early = [s for s in snapshots if "talker" in s.stages]
-        assert not talker_early[0].stages["thinker"].finished
+        # The talker started before the thinker finished (routed its first rows: its first codes
+        # may still reach the caller later on a busy machine), token2wav before the talker did.
+        started, finished = out.stages["talker"].timings, out.stages["thinker"].timings
+        assert started["started_s"] < finished["finished_s"], (started, finished)
         chunks = [len(s.final.audio) for s in snapshots if s.final.stage == "token2wav"]
         assert len(set(chunks)) > 2, chunks  # several chunks (growing), then the whole
         first = next(
