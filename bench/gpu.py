@@ -200,6 +200,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="token2wav's streamed-chunk DiT precision (stream.dtype; default: float16 on a GPU)",
     )
     p.add_argument(
+        "--t2w-ramp",
+        type=int_list,
+        help="the vocoder's chunk sizes after the first (stream.ramp, e.g. 20,40; default: the "
+        "config's)",
+    )
+    p.add_argument(
         "--ahead",
         action="store_true",
         help="thinker and talker with engine.async_scheduling (either family; default: off, as "

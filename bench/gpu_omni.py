@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from gpu_timing import allocated_gib, peak_gib, release, reset_peak, sync
 from gpu_workload import SEED, blocks_for, chat_ids, engine_overrides, omni_params
+from playback import Playback
 from step_trace import StepTrace
 
 from omni import AsyncOmni, SamplingParams
@@ -161,6 +162,8 @@ def omni_engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides[f"stages.{vocoder}.engine.max_num_seqs"] = args.t2w_batch
     if getattr(args, "t2w_dtype", None):
         overrides[f"stages.{vocoder}.stream.dtype"] = args.t2w_dtype
+    if getattr(args, "t2w_ramp", None):
+        overrides[f"stages.{vocoder}.stream.ramp"] = list(args.t2w_ramp)
     if getattr(args, "ahead", False):
         for stage in (thinker_name, talker_name):
             overrides[f"stages.{stage}.engine.async_scheduling"] = True
@@ -173,14 +176,16 @@ async def omni_request(engine: AsyncOmni, ids: list[int], params: list[SamplingP
     audio_stage = engine.audio_stage
     ttft = ttfa = None
     last = None
+    play = Playback()
     async for out in engine.generate({"prompt_token_ids": ids}, params, stream_audio=True):
         now = time.perf_counter() - start
         thinker = out.stages.get("thinker")
         if ttft is None and thinker is not None and thinker.token_ids:
             ttft = now
         audio = out.final.audio
-        if ttfa is None and out.final.stage == audio_stage and audio is not None and audio.numel():
-            ttfa = now
+        if out.final.stage == audio_stage and audio is not None and audio.numel():
+            ttfa = now if ttfa is None else ttfa
+            play.arrived(now, audio.numel(), out.final.sample_rate or 0)
         last = out
     e2e = time.perf_counter() - start
     if last is None or last.error or not last.finished:
@@ -194,6 +199,7 @@ async def omni_request(engine: AsyncOmni, ids: list[int], params: list[SamplingP
         "e2e": e2e,
         "rtf": final.timings.get("rtf", float("nan")),
         "audio_s": audio_s,
+        "stall_s": play.stall_s,  # silence a listener hears after the first audio
         "text": len(last.stages["thinker"].token_ids),
         "codes": len(last.stages["talker"].token_ids),
     }

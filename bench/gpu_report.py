@@ -53,10 +53,19 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
         "C = requests launched at once (single: one after another); TTFT / TTFA / e2e from each "
         "request's launch; RTF = pipeline time / audio s per request; req/s: transformers = "
         "1 / mean generate time, omni = requests / wall of the level; x HF = req/s over "
-        "transformers'; peak = torch.cuda.max_memory_allocated over the level (weights "
-        "included)\n"
+        "transformers'; gaps: the silence a listener playing each request's audio as it comes "
+        "hears after its first audio (requests with any); peak = "
+        "torch.cuda.max_memory_allocated over the level (weights included)\n"
     )
     hf_rps = 1 / statistics.mean(r["e2e"] for r in hf["rows"]) if hf else None
+
+    def silences(rows: list[dict]) -> str:
+        """The silence a listener hears after the first audio (bench/playback.py)."""
+        if "stall_s" not in rows[0]:
+            return "-"
+        stalls = [r["stall_s"] for r in rows]
+        heard = sum(s > 0 for s in stalls)
+        return f"{pct(stalls, 50) * 1e3:.0f} / {pct(stalls, 99) * 1e3:.0f} ({heard}/{len(rows)})"
 
     def row(name: str, c: str, rows: list[dict], rps: float, peak: float | None) -> tuple:
         def ms(key: str, q: float) -> str:
@@ -75,6 +84,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
             f"{pct([r['rtf'] for r in rows], 50):.3f}",
             f"{pct([r['e2e'] for r in rows], 50):.2f}",
             f"{statistics.mean(r['audio_s'] for r in rows):.2f}",
+            silences(rows),
             f"{min(r['text'] for r in rows)}/{min(r['codes'] for r in rows)}",
             gib(peak),
         )
@@ -92,6 +102,7 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
         "RTF p50",
         "e2e p50 s",
         "audio s/req",
+        "gaps ms p50/p99 (reqs)",
         "min text/codes",
         "peak GiB",
     )

@@ -22,6 +22,7 @@ from omni_bench_support import (
     pct,
     stage_params,
 )
+from playback import Playback
 
 from omni import Omni
 
@@ -41,10 +42,13 @@ async def one_request(omni: Omni, prompt: dict, params, stream_audio: bool, t0: 
     audio_stage = omni.async_omni.audio_stage
     first = None
     last = None
+    play = Playback()
     async for out in omni.async_omni.generate(prompt, params, stream_audio=stream_audio):
         audio = out.final.audio
-        if first is None and out.final.stage == audio_stage and audio is not None and audio.numel():
-            first = time.perf_counter() - t0
+        if out.final.stage == audio_stage and audio is not None and audio.numel():
+            now = time.perf_counter() - t0
+            first = now if first is None else first
+            play.arrived(now, audio.numel(), out.final.sample_rate or 0)
         last = out
     done = time.perf_counter() - t0
     assert last is not None
@@ -58,6 +62,7 @@ async def one_request(omni: Omni, prompt: dict, params, stream_audio: bool, t0: 
         "engine_ttfa": final.timings.get("first_audio_s", float("nan")),
         "rtf": final.timings.get("rtf", float("nan")),
         "audio_s": seconds,
+        "stall_s": play.stall_s,  # silence a listener hears after the first audio
         "codes": len(last.stages["talker"].token_ids),
         # Pipeline times since the request was added, per stage (where the first audio waits).
         **{
@@ -160,7 +165,8 @@ def concurrency_section(model_dir: str, args) -> None:
         "launch -> finished; RTF: timings['rtf'] (pipeline time / audio s) per request; req/s: "
         "requests / summed wall of the rounds. transformers: generate() one request at a time "
         f"({args.hf_requests} requests after a warm-up): TTFA = e2e = its generate time, req/s = "
-        "1 / mean time. x HF: TTFA transformers p50 / ours p50, req/s ours / transformers "
+        "1 / mean time. gaps: the silence a listener playing each request's audio as it "
+        "comes would hear after its first audio (bench/playback.py). x HF: TTFA transformers p50 / ours p50, req/s ours / transformers "
         "(> 1 = ours better). other CPU: cores other processes took meanwhile (a row with "
         "more than ~0.1 was slowed by them: rerun on a quiet machine; nan under --backend ray, "
         "whose stage actors are other processes)."
@@ -179,6 +185,8 @@ def concurrency_section(model_dir: str, args) -> None:
         "vocoder RTF",
         "req/s",
         "audio s/req",
+        "gaps s p50/p99",
+        "reqs with gaps",
         "TTFA x HF",
         "req/s x HF",
         "other CPU",
@@ -201,10 +209,18 @@ def concurrency_section(model_dir: str, args) -> None:
             vocoder,
             f"{rps:.3f}",
             f"{statistics.mean(r['audio_s'] for r in rows):.2f}",
+            *silences(rows),
             f"{hf_ttfa / pct(ttfa, 50):.2f}",
             f"{rps / hf_rps:.2f}",
             f"{others:.2f}",
         )
+
+    def silences(rows: list[dict]) -> tuple[str, str]:
+        if "stall_s" not in rows[0]:
+            return "-", "-"
+        stalls = [r["stall_s"] for r in rows]
+        heard = sum(s > 0 for s in stalls)
+        return f"{pct(stalls, 50):.2f} / {pct(stalls, 99):.2f}", f"{heard}/{len(rows)}"
 
     rows = [row("HF 1-by-1", "-", hf, hf_rps, "-", hf_run["others"])]
     for stream_audio in (False, True):
