@@ -5,7 +5,8 @@ media policy: data: URLs always; local files only under `allowed_local_media_pat
 (`param`) and what was wrong with it (the server answers it with a 400). Bytes are checked here
 (the image opens, the WAV parses) so that an unreadable item is reported against its field.
 Audio reaches the prompt processors as WAV: MP3, FLAC and Ogg are decoded into 16-bit mono WAV
-here (`as_wav`, with soundfile's libsndfile)."""
+here (`as_wav`, with soundfile's libsndfile), and M4A / MP4 (AAC) and WebM (Opus) with PyAV's
+FFmpeg, the other file formats OpenAI's transcription endpoint takes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import urllib.parse
 import urllib.request
 import wave
 from dataclasses import dataclass
+from typing import Any
 
 AUDIO_FORMATS = ("wav", "mp3")  # chat's input_audio formats, as OpenAI's
 
@@ -89,21 +91,23 @@ def load_audio(data: str, fmt: str, param: str) -> bytes:
     return as_wav(raw, f"{param}.data")
 
 
+READABLE = "WAV, MP3, FLAC, Ogg, M4A/MP4 or WebM"
+
+
 def as_wav(raw: bytes, param: str) -> bytes:
-    """An audio file as WAV bytes: a WAV as it is (checked), else MP3, FLAC or Ogg (Vorbis,
-    Opus) decoded into a 16-bit mono WAV at its own rate; a MediaError naming `param` for any
-    other bytes."""
+    """An audio file as WAV bytes: a WAV as it is (checked), else MP3, FLAC, Ogg (Vorbis,
+    Opus), M4A / MP4 or WebM decoded into a 16-bit mono WAV at its own rate; a MediaError
+    naming `param` for any other bytes."""
     if raw[:4] == b"RIFF":
         check_wav(raw, param)
         return raw
+    container = raw[4:8] == b"ftyp" or raw[:4] == b"\x1a\x45\xdf\xa3"  # MP4 family, Matroska
     try:
-        import soundfile
-
-        samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
-    except Exception as e:  # noqa: BLE001 - libsndfile's errors vary by format
+        samples, rate = _container_audio(raw) if container else _sndfile_audio(raw)
+    except Exception as e:  # noqa: BLE001 - libsndfile's and FFmpeg's errors vary by format
         reason = str(e).rsplit(": ", 1)[-1]  # past "Error opening <the buffer's repr>"
         raise bad_request(
-            f"{param}: not a readable audio file (WAV, MP3, FLAC or Ogg): {reason}", param
+            f"{param}: not a readable audio file ({READABLE}): {reason}", param
         ) from None
     if samples.shape[0] == 0:
         raise bad_request(f"{param}: the audio has no samples", param)
@@ -115,6 +119,38 @@ def as_wav(raw: bytes, param: str) -> bytes:
         w.setframerate(int(rate))
         w.writeframes(mono.tobytes())
     return buffer.getvalue()
+
+
+def _sndfile_audio(raw: bytes) -> tuple[Any, int]:
+    """(samples [frames, channels] float32, rate) of an MP3, FLAC or Ogg file."""
+    import soundfile
+
+    samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+    return samples, int(rate)
+
+
+def _container_audio(raw: bytes) -> tuple[Any, int]:
+    """(samples [frames, channels] float32, rate) of the first audio stream of an MP4-family
+    (M4A, MP4) or Matroska (WebM) file, decoded by FFmpeg."""
+    import av
+    import numpy as np
+
+    with av.open(io.BytesIO(raw), mode="r") as container:
+        if not container.streams.audio:
+            raise ValueError("the file has no audio stream")
+        stream = container.streams.audio[0]
+        rate = stream.codec_context.sample_rate
+        # Every frame as interleaved float32 at the stream's own rate and layout.
+        resampler = av.AudioResampler(format="flt", layout=stream.codec_context.layout, rate=rate)
+        pieces = []
+        for frame in container.decode(stream):
+            for out in resampler.resample(frame):
+                pieces.append(out.to_ndarray().reshape(-1, out.layout.nb_channels))
+        for out in resampler.resample(None):  # what the resampler still holds
+            pieces.append(out.to_ndarray().reshape(-1, out.layout.nb_channels))
+    channels = stream.codec_context.channels or 1
+    samples = np.concatenate(pieces) if pieces else np.zeros((0, channels), np.float32)
+    return samples, int(rate)
 
 
 def check_wav(raw: bytes, param: str) -> None:

@@ -60,6 +60,25 @@ def mp3(seconds: float = 1.0) -> bytes:
     return buffer.getvalue()
 
 
+def m4a(seconds: float = 1.0) -> bytes:
+    """The sound of `wav(seconds)` as an M4A file (AAC), as a phone records speech."""
+    import av
+
+    samples = (np.sin(np.arange(int(16000 * seconds)) / 9.0) * 0.4).astype(np.float32)
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="ipod") as out:
+        stream = out.add_stream("aac", rate=16000)
+        stream.layout = "mono"
+        for start in range(0, len(samples), 1024):
+            frame = av.AudioFrame.from_ndarray(samples[None, start : start + 1024], "fltp", "mono")
+            frame.sample_rate = 16000
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buffer.getvalue()
+
+
 def data_url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 

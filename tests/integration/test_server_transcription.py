@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import importlib.util
 import json
 
 import httpx
@@ -15,9 +16,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 from helpers import OMNI_ON_CPU, cli_sets, on_cpu
-from server_support import mp3, wav
+from server_support import m4a, mp3, wav
 
 from omni import AsyncOmni, Omni
+from omni.entrypoints.media_parts import as_wav
 from omni.entrypoints.openai.app import build_app
 from omni.entrypoints.openai.args import ServerArgs
 from omni.entrypoints.openai.audio_chunks import split_wav
@@ -29,6 +31,8 @@ pytestmark = pytest.mark.slow
 NAME, MAX_TOKENS = "tiny-omni", 6
 AUDIO = wav(0.5)
 MP3 = mp3(0.5)
+HAS_AV = importlib.util.find_spec("av") is not None  # omni's dependency; not on the GPU machine
+M4A = m4a(0.5) if HAS_AV else b""
 LONG = wav(31.0)  # past the 30 s the Whisper front end hears at once: two pieces
 
 
@@ -60,6 +64,8 @@ def expected(omni_dir):
         "translate": (instruction(True, None, None), AUDIO, "wav"),
         "mp3": (instruction(False, None, None), MP3, "mp3"),
     }
+    if HAS_AV:  # chat's input_audio takes WAV and MP3 only, as OpenAI's: the M4A as decoded
+        asks["m4a"] = (instruction(False, None, None), as_wav(M4A, "file"), "wav")
     with Omni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU) as omni:
         thinker, talker, vocoder = omni.async_omni.config.stages
         params = [
@@ -109,6 +115,12 @@ def test_a_transcript_is_the_thinkers_reply_to_the_audio(client, expected):
     assert translated.text == expected["translate"][0]
     from_mp3 = client.audio.transcriptions.create(model=NAME, file=("a.mp3", MP3))
     assert from_mp3.text == expected["mp3"][0]
+
+
+def test_an_m4a_file_is_heard_as_its_decoded_sound(client, expected):
+    pytest.importorskip("av")
+    from_m4a = client.audio.transcriptions.create(model=NAME, file=("a.m4a", M4A))
+    assert from_m4a.text == expected["m4a"][0]
 
 
 def test_a_long_file_is_transcribed_in_pieces_joined_in_order(client, expected):

@@ -1,6 +1,6 @@
 """POST /v1/audio/transcriptions and /v1/audio/translations: the text of an audio file's speech
-(WAV, MP3, FLAC or Ogg), from a pipeline whose root stage hears audio (Qwen2.5-Omni's and
-Qwen3-Omni's thinkers).
+(WAV, MP3, FLAC, Ogg, M4A, MP4 or WebM), from a pipeline whose root stage hears audio
+(Qwen2.5-Omni's and Qwen3-Omni's thinkers).
 
 An omni model is not a speech recognizer with timestamps: the audio goes in a chat turn with an
 instruction (`instruction`: transcribe word for word, in `language` when given, with `prompt` as
