@@ -60,6 +60,21 @@ def mp3(seconds: float = 1.0) -> bytes:
     return buffer.getvalue()
 
 
+def spoken(stretches: list[float]) -> bytes:
+    """A 24 kHz WAV of silence and speech-like sound (Silero VAD hears it as speech) taking
+    turns, for the given seconds, silence first."""
+    from realtime_support import silence, speech
+
+    parts = [speech(s) if i % 2 else silence(s) for i, s in enumerate(stretches)]
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(24000)
+        f.writeframes(np.concatenate(parts).astype("<i2").tobytes())
+    return buffer.getvalue()
+
+
 def m4a(seconds: float = 1.0) -> bytes:
     """The sound of `wav(seconds)` as an M4A file (AAC), as a phone records speech."""
     import av

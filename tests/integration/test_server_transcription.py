@@ -16,13 +16,14 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 from helpers import OMNI_ON_CPU, cli_sets, on_cpu
-from server_support import m4a, mp3, wav
+from server_support import m4a, mp3, spoken, wav
 
 from omni import AsyncOmni, Omni
 from omni.entrypoints.media_parts import as_wav
 from omni.entrypoints.openai.app import build_app
 from omni.entrypoints.openai.args import ServerArgs
 from omni.entrypoints.openai.audio_chunks import split_wav
+from omni.entrypoints.openai.speech_segments import speech_segments
 from omni.entrypoints.openai.transcription import instruction
 from tools.make_tiny_checkpoint import ensure_checkpoint
 from tools.serve_process import ServeProcess
@@ -33,6 +34,7 @@ AUDIO = wav(0.5)
 MP3 = mp3(0.5)
 HAS_AV = importlib.util.find_spec("av") is not None  # omni's dependency; not on the GPU machine
 M4A = m4a(0.5) if HAS_AV else b""
+SPOKEN = spoken([0.5, 1.5, 1.2, 1.0, 0.5])  # silence, speech, silence, speech, silence
 LONG = wav(31.0)  # past the 30 s the Whisper front end hears at once: two pieces
 
 
@@ -64,6 +66,9 @@ def expected(omni_dir):
         "translate": (instruction(True, None, None), AUDIO, "wav"),
         "mp3": (instruction(False, None, None), MP3, "mp3"),
     }
+    segments = speech_segments(SPOKEN, None)
+    assert len(segments) == 2
+    asks |= {f"seg{i}": (asks["plain"][0], s.wav, "wav") for i, s in enumerate(segments)}
     if HAS_AV:  # chat's input_audio takes WAV and MP3 only, as OpenAI's: the M4A as decoded
         asks["m4a"] = (instruction(False, None, None), as_wav(M4A, "file"), "wav")
     with Omni(model=omni_dir, runtime={"backend": "local"}, **OMNI_ON_CPU) as omni:
@@ -85,6 +90,8 @@ def expected(omni_dir):
                                use_tqdm=False)  # fmt: skip
             result = out.stages[thinker.name]
             results[key] = (result.text, len(result.prompt_token_ids), len(result.token_ids))
+            results[key + " ids"] = result.token_ids
+    results["segments"] = segments
     torch.set_num_threads(threads)
     return results
 
@@ -137,11 +144,42 @@ def test_a_long_file_is_transcribed_in_pieces_joined_in_order(client, expected):
     assert events[-1].type == "transcript.text.done" and events[-1].text == text
 
 
+def test_timestamped_formats_give_each_stretch_of_speech_where_it_is(client, expected):
+    """verbose_json's segments: where the VAD found speech, each transcribed on its own (the
+    Python API's text for that stretch); srt and vtt the same cues."""
+    file = ("spoken.wav", SPOKEN)
+    out = client.audio.transcriptions.create(
+        model=NAME, file=file, response_format="verbose_json", timestamp_granularities=["segment"]
+    )
+    cues = [(s, expected[f"seg{i}"][0].strip(), expected[f"seg{i} ids"])
+            for i, s in enumerate(expected["segments"])]  # fmt: skip
+    cues = [cue for cue in cues if cue[1]]  # a stretch the model said nothing for is left out
+    assert cues and len(out.segments) == len(cues), (cues, out.segments)
+    for got, (segment, text, ids) in zip(out.segments, cues, strict=True):
+        assert (got.start, got.end) == (round(segment.start_s, 3), round(segment.end_s, 3))
+        assert (got.text, got.tokens) == (text, ids)
+        assert got.avg_logprob < 0 and 0 <= got.no_speech_prob < 0.5
+    assert out.duration == pytest.approx(4.7) and out.language == "unknown"
+    assert out.text == " ".join(text for _, text, _ in cues)
+    srt = client.audio.transcriptions.create(model=NAME, file=file, response_format="srt")
+    first = f"1\n{_clock(cues[0][0].start_s, ',')} --> {_clock(cues[0][0].end_s, ',')}"
+    assert srt.startswith(first + f"\n{cues[0][1]}\n\n")
+    vtt = client.audio.transcriptions.create(model=NAME, file=file, response_format="vtt")
+    assert vtt.startswith(f"WEBVTT\n\n{_clock(cues[0][0].start_s, '.')} --> ")
+    assert vtt.count(" --> ") == srt.count(" --> ") == len(cues)
+
+
+def _clock(seconds: float, separator: str) -> str:
+    ms = round(round(seconds, 3) * 1000)
+    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}{separator}{ms % 1000:03d}"
+
+
 @pytest.mark.parametrize(
     ("fields", "file", "param", "status"),
     [
-        ({"response_format": "verbose_json"}, AUDIO, "response_format", 400),
-        ({"response_format": "srt"}, AUDIO, "response_format", 400),
+        ({"response_format": "xml"}, AUDIO, "response_format", 400),
+        ({"response_format": "srt", "stream": "true"}, AUDIO, "stream", 400),
+        ({"timestamp_granularities[]": "segment"}, AUDIO, "timestamp_granularities[]", 400),
         ({"language": "english"}, AUDIO, "language", 400),
         ({"temperature": "hot"}, AUDIO, "temperature", 400),
         ({"temperature": "3"}, AUDIO, "temperature", 400),

@@ -8,22 +8,27 @@ context; or translate into English), and the reply of the text stage is the tran
 request ends there (the talker and vocoder never run). The body is multipart/form-data as
 OpenAI's client sends it (omni/entrypoints/openai/form_data.py).
 
-Fields: `file`, `model`, `prompt`, `response_format` (json: `{"text", "usage"}`; text),
+Fields: `file`, `model`, `prompt`, `response_format` (json: `{"text", "usage"}`; text;
+verbose_json, srt and vtt: timestamps of speech segments, below),
 `temperature` (default 0, greedy); transcriptions also `language` (ISO-639-1) and `stream`
 (server-sent `transcript.text.delta` events as the text comes, then `transcript.text.done` with
 the whole text and the usage), `chunking_strategy` "auto". A file longer than the model hears at
 once (Qwen2.5-Omni: 30 s) is cut at quiet points into pieces that fit (audio_chunks.py), each
 its own request, all run together; their texts are joined in order (`Transcript`), streamed as
-each piece's turn comes, and the usage is their sum. Refused with a 400 naming the field:
-verbose_json, srt and vtt (they need timestamps), `timestamp_granularities[]`, `include[]`, any
-other field.
+each piece's turn comes, and the usage is their sum. verbose_json, srt and vtt transcribe each
+stretch of speech the VAD finds on its own (speech_segments.py), so their segments carry where
+it is in the file (transcript_formats.py); `timestamp_granularities[]` "segment" with
+verbose_json. Refused with a 400 naming the field: "word" timestamps (omni's models give none),
+those formats streamed, `include[]`, any other field.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
-import re
+import io
+import wave
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,25 +41,21 @@ from omni.entrypoints.openai.audio_chunks import split_wav
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request, from_exception
 from omni.entrypoints.openai.form_data import FormPart, parse_form
+from omni.entrypoints.openai.language_codes import check_language
 from omni.entrypoints.openai.prompts import chat_prompt
+from omni.entrypoints.openai.speech_segments import speech_segments
+from omni.entrypoints.openai.transcript_formats import segment_entries, srt, verbose_json, vtt
 from omni.entrypoints.snapshot_cursor import SnapshotCursor
 from omni.messages import OmniOutput
 
 TRANSCRIBE, TRANSLATE = "/v1/audio/transcriptions", "/v1/audio/translations"
-FORMATS = ("json", "text")
-NEEDS_TIMESTAMPS = ("verbose_json", "srt", "vtt")
+TIMESTAMPED = ("verbose_json", "srt", "vtt")
+FORMATS = ("json", "text", *TIMESTAMPED)
 FIELDS = {
     TRANSCRIBE: ("file", "model", "language", "prompt", "response_format", "temperature",
                  "stream", "chunking_strategy", "timestamp_granularities[]", "include[]"),
     TRANSLATE: ("file", "model", "prompt", "response_format", "temperature"),
 }  # fmt: skip
-_LANGUAGE = re.compile(r"[a-z]{2}")
-
-
-def check_language(language: str | None, param: str) -> None:
-    """A 400 naming `param` unless `language` is None or an ISO-639-1 code."""
-    if language is not None and not _LANGUAGE.fullmatch(language):
-        raise bad_request(f"{param}: an ISO-639-1 code (e.g. 'en'), got {language!r}", param)
 
 
 def instruction(translate: bool, language: str | None, prompt: str | None) -> str:
@@ -99,22 +100,28 @@ async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> 
         raise bad_request(e.message, e.param) from None
     response_format = _value(field, "response_format") or "json"
     if response_format not in FORMATS:
-        timestamps = response_format in NEEDS_TIMESTAMPS
         raise bad_request(
-            f"response_format: {response_format!r} is not supported"
-            + ("; it needs timestamps, which omni's models do not give" if timestamps else "")
-            + f"; formats: {list(FORMATS)}",
+            f"response_format: {response_format!r} is not supported; formats: {list(FORMATS)}",
             "response_format",
             "unsupported_value",
         )
-    for name in ("timestamp_granularities[]", "include[]"):
-        if name in form:
-            raise bad_request(f"{name}: not supported", name, "unsupported_value")
+    _check_granularities([part.text() for part in form.get("timestamp_granularities[]", [])],
+                         response_format)  # fmt: skip
+    if "include[]" in form:
+        raise bad_request("include[]: not supported", "include[]", "unsupported_value")
     if _value(field, "chunking_strategy") not in (None, "auto"):
         raise bad_request("chunking_strategy: only 'auto' is supported", "chunking_strategy")
     language = _value(field, "language")
     check_language(language, "language")
     stream = _flag(field, "stream")
+    timestamped = response_format in TIMESTAMPED
+    if stream and timestamped:
+        raise bad_request(
+            f"stream: {response_format} is not streamed; stream json (or text) instead, or "
+            "leave stream out",
+            "stream",
+            "unsupported_value",
+        )
     ask = instruction(endpoint == TRANSLATE, language, _value(field, "prompt"))
     plan = sampling.plan(
         ctx.async_omni,
@@ -123,9 +130,14 @@ async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> 
         until_end=True,
         default_max_tokens=ctx.args.max_tokens,
         text_final=True,
+        logprobs=0 if response_format == "verbose_json" else None,  # segments' avg_logprob
     )
     request_id = new_id("transcription")
-    pieces = split_wav(audio_file, getattr(processor, "max_audio_seconds", None))
+    max_seconds = getattr(processor, "max_audio_seconds", None)
+    segments = []
+    if timestamped:  # the VAD takes ~0.4 s a minute of audio (2-core CPU): off the event loop
+        segments = await asyncio.to_thread(speech_segments, audio_file, max_seconds)
+    pieces = [s.wav for s in segments] if timestamped else split_wav(audio_file, max_seconds)
     prepared = []
     for index, piece in enumerate(pieces):
         audio = base64.b64encode(piece).decode()
@@ -151,7 +163,19 @@ async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> 
         transcript.add(index, out)
     if response_format == "text":
         return PlainTextResponse(transcript.text)
-    return JSONResponse({"text": transcript.text, "usage": usage(ctx, outs)})
+    if not timestamped:
+        return JSONResponse({"text": transcript.text, "usage": usage(ctx, outs)})
+    results = [streaming.check(out).stages[text_stage] for out in outs]
+    entries = segment_entries(segments, results, plan.params[text_stage].temperature)
+    if response_format == "srt":
+        return PlainTextResponse(srt(entries))
+    if response_format == "vtt":
+        return PlainTextResponse(vtt(entries), media_type="text/vtt")
+    translate = endpoint == TRANSLATE
+    verbose = verbose_json("translate" if translate else "transcribe",
+                        "english" if translate else language or "unknown",
+                        _seconds(audio_file), transcript.text, entries)  # fmt: skip
+    return JSONResponse({**verbose, "usage": usage(ctx, outs)})
 
 
 class Transcript:
@@ -216,6 +240,25 @@ def usage(ctx: Context, outs: list[OmniOutput]) -> dict[str, Any]:
     inputs, outputs = (sum(c[key] for c in each) for key in ("prompt_tokens", "completion_tokens"))
     return {"type": "tokens", "input_tokens": inputs, "output_tokens": outputs,
             "total_tokens": inputs + outputs}  # fmt: skip
+
+
+def _check_granularities(values: list[str], response_format: str) -> None:
+    """timestamp_granularities[]: "segment" only, and with verbose_json (as OpenAI's)."""
+    name = "timestamp_granularities[]"
+    for value in values:
+        if value not in ("segment", "word"):
+            raise bad_request(f"{name}: 'segment' or 'word', got {value!r}", name)
+        if value == "word":
+            raise bad_request(f"{name}: 'word' timestamps are not supported: omni's models "
+                              "give none; 'segment' are, with verbose_json", name,
+                              "unsupported_value")  # fmt: skip
+    if values and response_format != "verbose_json":
+        raise bad_request(f"{name}: needs response_format 'verbose_json'", name)
+
+
+def _seconds(data: bytes) -> float:
+    with wave.open(io.BytesIO(data)) as w:
+        return w.getnframes() / w.getframerate()
 
 
 def _value(field: dict[str, FormPart], name: str) -> str | None:

@@ -18,8 +18,8 @@ from typing import Any
 from omni.entrypoints.openai.context import Context
 from omni.entrypoints.openai.errors import bad_request
 from omni.entrypoints.openai.flat_tools import checked_call
+from omni.entrypoints.openai.language_codes import check_language
 from omni.entrypoints.openai.realtime import events
-from omni.entrypoints.openai.transcription import check_language
 
 SAMPLE_RATE = 24000
 """Input and output audio: pcm16, 24 kHz, mono."""
