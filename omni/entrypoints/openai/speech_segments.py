@@ -118,10 +118,10 @@ def _mono(data: bytes) -> tuple[np.ndarray, int]:
         raw = np.concatenate([np.zeros((bytes3.shape[0], 1), np.uint8), bytes3], axis=1).tobytes()
         width = 4
     kind = {1: "u1", 2: "<i2", 4: "<i4"}[width]
-    values = np.frombuffer(raw, kind).astype(np.float64)
+    values = np.frombuffer(raw, kind).astype(np.float32)
     if width == 1:
         values -= 128.0
-    scale = float(2 ** (8 * width - 1))
+    scale = np.float32(2 ** (8 * width - 1))
     return values.reshape(-1, channels).mean(axis=1) / scale, rate
 
 
