@@ -10,12 +10,15 @@ GPU twins are in tests/cuda.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import random
+import wave
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -149,3 +152,14 @@ class FakeGpu:
             release=release,
             mem_info=lambda: (self.free, self.total),
         )
+
+
+def wav_bytes(samples: np.ndarray, rate: int = 16000, channels: int = 1) -> bytes:
+    """int16 samples ([frames] or interleaved [frames * channels]) as a 16-bit WAV file."""
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(samples.astype("<i2").tobytes())
+    return buffer.getvalue()

@@ -8,6 +8,7 @@ import io
 import wave
 
 import numpy as np
+from helpers import wav_bytes
 from PIL import Image
 
 from omni.core.sampling_params import SamplingParams
@@ -66,13 +67,7 @@ def spoken(stretches: list[float]) -> bytes:
     from realtime_support import silence, speech
 
     parts = [speech(s) if i % 2 else silence(s) for i, s in enumerate(stretches)]
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as f:
-        f.setnchannels(1)
-        f.setsampwidth(2)
-        f.setframerate(24000)
-        f.writeframes(np.concatenate(parts).astype("<i2").tobytes())
-    return buffer.getvalue()
+    return wav_bytes(np.concatenate(parts), 24000)
 
 
 def m4a(seconds: float = 1.0) -> bytes:

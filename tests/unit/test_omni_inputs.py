@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import io
-import wave
 
 import numpy as np
 import pytest
 import torch
+from helpers import wav_bytes
 from PIL import Image
 
 from stages.qwen2_5_omni import media
@@ -36,16 +36,6 @@ def _image(seed: int, size=(40, 30)) -> Image.Image:
 def _png(image: Image.Image) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _wav_bytes(samples: np.ndarray, rate: int = 16000, channels: int = 1) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(channels)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(samples.astype("<i2").tobytes())
     return buf.getvalue()
 
 
@@ -87,16 +77,16 @@ def test_same_image_as_path_bytes_pil_shares_identifier_and_pixels(proc, tmp_pat
 def test_audio_forms_and_resampling(proc, tmp_path):
     tone = _tone()
     path = tmp_path / "a.wav"
-    path.write_bytes(_wav_bytes(tone))
+    path.write_bytes(wav_bytes(tone))
     as_float = (tone / 32768.0, 16000)
     ids = {
         proc("r", {"prompt": "x", "audio": [a]}).mm_inputs[0].identifier
-        for a in (str(path), _wav_bytes(tone), as_float)
+        for a in (str(path), wav_bytes(tone), as_float)
     }
     assert len(ids) == 1
     stereo = np.repeat(tone, 2)  # two equal channels average to the mono signal
     assert (
-        proc("r", {"prompt": "x", "audio": _wav_bytes(stereo, channels=2)}).mm_inputs[0].identifier
+        proc("r", {"prompt": "x", "audio": wav_bytes(stereo, channels=2)}).mm_inputs[0].identifier
         in ids
     )
     resampled = media.load_audio((np.zeros(8000), 8000), 30)
@@ -178,7 +168,7 @@ def _bad_cases(tmp_path):
     truncated = tmp_path / "truncated.png"
     truncated.write_bytes(png[: len(png) // 2])
     trunc_wav = tmp_path / "truncated.wav"
-    trunc_wav.write_bytes(_wav_bytes(_tone())[:-4000])
+    trunc_wav.write_bytes(wav_bytes(_tone())[:-4000])
     float_image = Image.fromarray(np.zeros((20, 20), np.float32), mode="F")
     tone = (_tone() / 32768.0, 16000)
     return [

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import wav_bytes
 
 from omni.core.logprobs import TokenLogprobs
 from omni.entrypoints.openai.realtime.vad import load_silero
@@ -26,14 +27,8 @@ def model():
     return load_silero()
 
 
-def wav(samples: np.ndarray, rate: int = RATE, channels: int = 1) -> bytes:
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as w:
-        w.setnchannels(channels)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(samples.astype("<i2").tobytes())
-    return buffer.getvalue()
+def wav(samples: np.ndarray, channels: int = 1) -> bytes:
+    return wav_bytes(samples, RATE, channels)
 
 
 def frames(data: bytes) -> tuple[int, int]:
@@ -63,7 +58,7 @@ def test_a_file_without_speech_is_one_segment_said_to_be_silent(model):
 
 def test_a_long_stretch_is_cut_into_pieces_the_model_hears_in_order(model):
     stereo = np.repeat(speech(40.0), 2)  # two channels, averaged
-    segments = speech_segments(wav(stereo, channels=2), 30.0, model)
+    segments = speech_segments(wav(stereo, 2), 30.0, model)
     assert len(segments) == 2 and segments[0].start_s == 0.0
     assert segments[0].end_s == segments[1].start_s and segments[1].end_s == pytest.approx(40.0)
     assert all(segment.end_s - segment.start_s <= 29.5 for segment in segments)
