@@ -160,6 +160,7 @@ def test_timestamped_formats_give_each_stretch_of_speech_where_it_is(client, exp
         assert (got.text, got.tokens) == (text, ids)
         assert got.avg_logprob < 0 and 0 <= got.no_speech_prob < 0.5
     assert out.duration == pytest.approx(4.7) and out.language == "unknown"
+    assert (out.usage.type, out.usage.seconds) == ("duration", out.duration)
     assert out.text == " ".join(text for _, text, _ in cues)
     srt = client.audio.transcriptions.create(model=NAME, file=file, response_format="srt")
     first = f"1\n{_clock(cues[0][0].start_s, ',')} --> {_clock(cues[0][0].end_s, ',')}"

@@ -45,7 +45,7 @@ def segment_entries(
 def verbose_json(
     task: str, language: str, duration: float, text: str, entries: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """The verbose_json body (its usage added by the caller)."""
+    """The verbose_json body (its usage, the audio's duration, added by the caller)."""
     return {"task": task, "language": language, "duration": round(duration, 3), "text": text,
             "segments": entries}  # fmt: skip
 

@@ -172,10 +172,12 @@ async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> 
     if response_format == "vtt":
         return PlainTextResponse(vtt(entries), media_type="text/vtt")
     translate = endpoint == TRANSLATE
+    seconds = _seconds(audio_file)
     verbose = verbose_json("translate" if translate else "transcribe",
-                        "english" if translate else language or "unknown",
-                        _seconds(audio_file), transcript.text, entries)  # fmt: skip
-    return JSONResponse({**verbose, "usage": usage(ctx, outs)})
+                           "english" if translate else language or "unknown",
+                           seconds, transcript.text, entries)  # fmt: skip
+    # verbose_json's usage is the audio's duration, as OpenAI's (json's counts tokens)
+    return JSONResponse({**verbose, "usage": {"type": "duration", "seconds": round(seconds, 3)}})
 
 
 class Transcript:
