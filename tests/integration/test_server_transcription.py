@@ -144,6 +144,7 @@ def test_a_long_file_is_transcribed_in_pieces_joined_in_order(client, expected):
     assert events[-1].type == "transcript.text.done" and events[-1].text == text
 
 
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the client's translations
 def test_timestamped_formats_give_each_stretch_of_speech_where_it_is(client, expected):
     """verbose_json's segments: where the VAD found speech, each transcribed on its own (the
     Python API's text for that stretch); srt and vtt the same cues."""
@@ -165,6 +166,17 @@ def test_timestamped_formats_give_each_stretch_of_speech_where_it_is(client, exp
     srt = client.audio.transcriptions.create(model=NAME, file=file, response_format="srt")
     first = f"1\n{_clock(cues[0][0].start_s, ',')} --> {_clock(cues[0][0].end_s, ',')}"
     assert srt.startswith(first + f"\n{cues[0][1]}\n\n")
+    # no speech found (a tone): one segment, the file's own frames, so json's transcript
+    tone = client.audio.transcriptions.create(
+        model=NAME, file=("a.wav", AUDIO), response_format="verbose_json"
+    )
+    (segment,) = tone.segments
+    assert (segment.start, segment.end, segment.text) == (0.0, 0.5, expected["plain"][0].strip())
+    assert segment.no_speech_prob > 0.9
+    translated = client.audio.translations.create(
+        model=NAME, file=("a.wav", AUDIO), response_format="verbose_json"
+    )
+    assert (translated.language, translated.text) == ("english", expected["translate"][0])
     vtt = client.audio.transcriptions.create(model=NAME, file=file, response_format="vtt")
     assert vtt.startswith(f"WEBVTT\n\n{_clock(cues[0][0].start_s, '.')} --> ")
     assert vtt.count(" --> ") == srt.count(" --> ") == len(cues)

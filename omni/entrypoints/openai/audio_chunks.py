@@ -34,10 +34,10 @@ def split_wav(data: bytes, max_seconds: float | None) -> list[bytes]:
         start_of_window = max(start + 1, end - int(CUT_WINDOW_S * rate))
         cut = end if loudness is None else _quietest(loudness, start_of_window, end, rate)
         pieces.append(
-            _wav(frames[start * channels * width : cut * channels * width], rate, channels, width)
+            wav_of(frames[start * channels * width : cut * channels * width], rate, channels, width)
         )
         start = cut
-    pieces.append(_wav(frames[start * channels * width :], rate, channels, width))
+    pieces.append(wav_of(frames[start * channels * width :], rate, channels, width))
     return pieces
 
 
@@ -63,7 +63,8 @@ def _quietest(loudness: np.ndarray, start: int, end: int, rate: int) -> int:
     return int(start + begins[int(np.argmin(rms))] + window // 2)
 
 
-def _wav(frames: bytes, rate: int, channels: int, width: int) -> bytes:
+def wav_of(frames: bytes, rate: int, channels: int, width: int) -> bytes:
+    """Raw frames as a WAV file of that format."""
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as w:
         w.setnchannels(channels)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from omni.entrypoints.openai.audio_chunks import split_wav
+from omni.entrypoints.openai.audio_chunks import split_wav, wav_of
 from omni.entrypoints.openai.realtime import vad
 from omni.entrypoints.openai.realtime.session_state import SAMPLE_RATE, TurnDetection
 
@@ -37,7 +37,7 @@ class Segment:
     end_s: float
     """Where it ends in the file."""
     wav: bytes
-    """Its samples as a 16-bit mono WAV at the file's rate."""
+    """Its frames of the file, as a WAV of the file's format."""
     no_speech_prob: float
     """1 - the VAD's mean speech probability over its windows."""
 
@@ -58,7 +58,10 @@ class _RecordingDetector(vad.TurnDetector):
 def speech_segments(data: bytes, max_seconds: float | None, model: Any = None) -> list[Segment]:
     """`data` (a checked WAV) as its speech segments, in order; `model`: vad.load_silero()'s
     (loaded here when None)."""
-    samples, rate = _mono(data)
+    with wave.open(io.BytesIO(data)) as w:
+        rate, channels, width = w.getframerate(), w.getnchannels(), w.getsampwidth()
+        frames = w.readframes(w.getnframes())
+    samples = _mono(frames, channels, width)
     duration = samples.size / rate
     detector = _RecordingDetector(model if model is not None else vad.load_silero())
     at_24k = np.interp(
@@ -75,9 +78,9 @@ def speech_segments(data: bytes, max_seconds: float | None, model: Any = None) -
     segments = []
     for begin, stop in bounds or [(0.0, duration)]:
         piece_start = begin
-        for piece in split_wav(
-            _wav(samples[round(begin * rate) : round(stop * rate)], rate), max_seconds
-        ):
+        size = channels * width  # bytes a frame: the segment is the file's own frames
+        own = frames[round(begin * rate) * size : round(stop * rate) * size]
+        for piece in split_wav(wav_of(own, rate, channels, width), max_seconds):
             end = piece_start + _frames(piece) / rate
             speech = _mean_between(detector.probabilities, piece_start, end)
             segments.append(Segment(piece_start, end, piece, 1.0 - speech))
@@ -108,31 +111,16 @@ def _mean_between(probabilities: list[float], start_s: float, end_s: float) -> f
     return float(np.mean(span)) if span else 0.0
 
 
-def _mono(data: bytes) -> tuple[np.ndarray, int]:
-    """A WAV's samples as float in [-1, 1], channels averaged, and its rate."""
-    with wave.open(io.BytesIO(data)) as w:
-        rate, channels, width = w.getframerate(), w.getnchannels(), w.getsampwidth()
-        raw = w.readframes(w.getnframes())
+def _mono(frames: bytes, channels: int, width: int) -> np.ndarray:
+    """A WAV's frames as float32 in [-1, 1], the channels averaged (what the VAD hears)."""
     if width == 3:  # 24-bit: widen to 32 (the low byte zero)
-        bytes3 = np.frombuffer(raw, np.uint8).reshape(-1, 3)
-        raw = np.concatenate([np.zeros((bytes3.shape[0], 1), np.uint8), bytes3], axis=1).tobytes()
-        width = 4
-    kind = {1: "u1", 2: "<i2", 4: "<i4"}[width]
-    values = np.frombuffer(raw, kind).astype(np.float32)
+        bytes3 = np.frombuffer(frames, np.uint8).reshape(-1, 3)
+        zeros = np.zeros((bytes3.shape[0], 1), np.uint8)
+        frames, width = np.concatenate([zeros, bytes3], axis=1).tobytes(), 4
+    values = np.frombuffer(frames, {1: "u1", 2: "<i2", 4: "<i4"}[width]).astype(np.float32)
     if width == 1:
-        values -= 128.0
-    scale = np.float32(2 ** (8 * width - 1))
-    return values.reshape(-1, channels).mean(axis=1) / scale, rate
-
-
-def _wav(samples: np.ndarray, rate: int) -> bytes:
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((samples.clip(-1.0, 1.0) * 32767).round().astype("<i2").tobytes())
-    return buffer.getvalue()
+        values -= 128.0  # 8-bit WAV is unsigned
+    return values.reshape(-1, channels).mean(axis=1) / np.float32(2 ** (8 * width - 1))
 
 
 def _frames(data: bytes) -> int:
