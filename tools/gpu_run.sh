@@ -15,6 +15,8 @@
 # (bench/gpu.py's Qwen2.5-Omni 7B parts), omni-ahead (the same, thinker and talker steps
 # launched ahead, transformers' side skipped), qwen3 (bench/gpu.py --family qwen3_omni_moe, cut to
 # 24 thinker layers), qwen3-ahead (the same, both stages launched ahead; qwen3_ahead.log),
+# vocoder (the omni part without transformers' side, with --t2w-ramp 20,40, then with
+# --t2w-batch 16: vocoder_ramp.log, vocoder_batch.log; compare with the omni part's gaps),
 # ray (the `ray` tests, then tools/ray_gpu_check.py: stages on Ray with the
 # GPU split; needs Ray's three parts, tools/ray_parts.sh: each call stashes the part it carries
 # under /tmp/rayparts, and this part installs Ray from them). Set LIMIT_<part>=seconds to change a part's limit; PYTEST_ARGS adds
@@ -79,6 +81,13 @@ run_one() {
   split) run_part split 120 python3 bench/split_kv.py ;;
   omni) run_part omni 330 python3 bench/gpu.py --skip decode --skip prefix --skip steps \
     --hf-requests 2 --single 2 --requests 16 --warmup 1 ;;
+  # The vocoder's two open questions (docs/streaming.md, "Playback gaps"): a ramp of chunks
+  # after the first (the gap after the first audio), then one step for 16 streams (16 at once).
+  vocoder)
+    run_part vocoder_ramp 180 python3 bench/gpu.py --skip decode --skip prefix --skip steps \
+      --skip hf --single 2 --requests 16 --warmup 1 --t2w-ramp 20,40
+    run_part vocoder_batch 180 python3 bench/gpu.py --skip decode --skip prefix --skip steps \
+      --skip hf --single 2 --requests 16 --warmup 1 --t2w-batch 16 ;;
   # The same with the thinker's and talker's steps launched ahead (engine.async_scheduling).
   omni-ahead) run_part omni_ahead 330 python3 bench/gpu.py --skip decode --skip prefix \
     --skip steps --skip hf --single 2 --requests 16 --warmup 1 --ahead ;;
