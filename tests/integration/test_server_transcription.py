@@ -173,6 +173,9 @@ def test_timestamped_formats_give_each_stretch_of_speech_where_it_is(client, exp
     (segment,) = tone.segments
     assert (segment.start, segment.end, segment.text) == (0.0, 0.5, expected["plain"][0].strip())
     assert segment.no_speech_prob > 0.9
+    french = client.audio.transcriptions.create(model=NAME, file=("a.wav", AUDIO), language="fr",
+                                                prompt="Bonjour Anaïs.", response_format="verbose_json")  # fmt: skip
+    assert (french.language, french.text) == ("french", expected["french"][0])  # as Whisper's
     translated = client.audio.translations.create(
         model=NAME, file=("a.wav", AUDIO), response_format="verbose_json"
     )

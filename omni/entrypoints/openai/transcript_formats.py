@@ -7,7 +7,8 @@ A segment's fields as OpenAI's: `id`, `seek` (its start in 10 ms frames), `start
 `avg_logprob` (the mean log-probability of its tokens), `compression_ratio` (the text's bytes
 over their zlib-compressed bytes, as Whisper computes it) and `no_speech_prob` (1 - the VAD's
 mean speech probability over it: omni's models have no no-speech token). `language` is the
-request's (ISO-639-1), or "english" for translations, or "unknown": nothing detects it.
+request's by name ("fr": "french", as Whisper's), "english" for translations, or "unknown":
+nothing detects it.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from omni.entrypoints.openai.audio_chunks import split_wav
 from omni.entrypoints.openai.context import Context, new_id
 from omni.entrypoints.openai.errors import bad_request, from_exception
 from omni.entrypoints.openai.form_data import FormPart, parse_form
-from omni.entrypoints.openai.language_codes import check_language
+from omni.entrypoints.openai.language_codes import check_language, language_name
 from omni.entrypoints.openai.prompts import chat_prompt
 from omni.entrypoints.openai.speech_segments import speech_segments
 from omni.entrypoints.openai.transcript_formats import segment_entries, srt, verbose_json, vtt
@@ -174,7 +174,7 @@ async def create(ctx: Context, request: Request, body: bytes, endpoint: str) -> 
     translate = endpoint == TRANSLATE
     seconds = _seconds(audio_file)
     verbose = verbose_json("translate" if translate else "transcribe",
-                           "english" if translate else language or "unknown",
+                           "english" if translate else language_name(language or "unknown"),
                            seconds, transcript.text, entries)  # fmt: skip
     # verbose_json's usage is the audio's duration, as OpenAI's (json's counts tokens)
     return JSONResponse({**verbose, "usage": {"type": "duration", "seconds": round(seconds, 3)}})
