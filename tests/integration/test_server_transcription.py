@@ -173,8 +173,10 @@ def test_timestamped_formats_give_each_stretch_of_speech_where_it_is(client, exp
     (segment,) = tone.segments
     assert (segment.start, segment.end, segment.text) == (0.0, 0.5, expected["plain"][0].strip())
     assert segment.no_speech_prob > 0.9
-    french = client.audio.transcriptions.create(model=NAME, file=("a.wav", AUDIO), language="fr",
-                                                prompt="Bonjour Anaïs.", response_format="verbose_json")  # fmt: skip
+    french = client.audio.transcriptions.create(
+        model=NAME, file=("a.wav", AUDIO), language="fr", prompt="Bonjour Anaïs.",
+        response_format="verbose_json",
+    )  # fmt: skip
     assert (french.language, french.text) == ("french", expected["french"][0])  # as Whisper's
     translated = client.audio.translations.create(
         model=NAME, file=("a.wav", AUDIO), response_format="verbose_json"
@@ -187,7 +189,8 @@ def test_timestamped_formats_give_each_stretch_of_speech_where_it_is(client, exp
 
 def _clock(seconds: float, separator: str) -> str:
     ms = round(round(seconds, 3) * 1000)
-    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}{separator}{ms % 1000:03d}"
+    hours, minutes, secs = ms // 3600000, ms // 60000 % 60, ms // 1000 % 60
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{ms % 1000:03d}"
 
 
 @pytest.mark.parametrize(
