@@ -13,6 +13,7 @@ from gpu_family import layout_name
 from gpu_omni_targets import omni_targets
 from gpu_targets import Target, pct, print_targets, verdict
 from gpu_timing import StepRecord
+from playback import gap_summary
 from step_trace import report as report_trace
 
 ISSUE_SCALE = (
@@ -61,11 +62,10 @@ def report_omni(hf: dict | None, ours: dict | None, args: argparse.Namespace) ->
 
     def silences(rows: list[dict]) -> str:
         """The silence a listener hears after the first audio (bench/playback.py)."""
-        if "stall_s" not in rows[0]:
+        gaps = gap_summary(rows)
+        if gaps is None:
             return "-"
-        stalls = [r["stall_s"] for r in rows]
-        heard = sum(s > 0 for s in stalls)
-        return f"{pct(stalls, 50) * 1e3:.0f} / {pct(stalls, 99) * 1e3:.0f} ({heard}/{len(rows)})"
+        return f"{gaps[0] * 1e3:.0f} / {gaps[1] * 1e3:.0f} ({gaps[2]}/{len(rows)})"
 
     def row(name: str, c: str, rows: list[dict], rps: float, peak: float | None) -> tuple:
         def ms(key: str, q: float) -> str:

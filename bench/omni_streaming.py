@@ -22,7 +22,7 @@ from omni_bench_support import (
     pct,
     stage_params,
 )
-from playback import Playback
+from playback import Playback, gap_summary
 
 from omni import Omni
 
@@ -166,10 +166,10 @@ def concurrency_section(model_dir: str, args) -> None:
         "requests / summed wall of the rounds. transformers: generate() one request at a time "
         f"({args.hf_requests} requests after a warm-up): TTFA = e2e = its generate time, req/s = "
         "1 / mean time. gaps: the silence a listener playing each request's audio as it "
-        "comes would hear after its first audio (bench/playback.py). x HF: TTFA transformers p50 / ours p50, req/s ours / transformers "
-        "(> 1 = ours better). other CPU: cores other processes took meanwhile (a row with "
-        "more than ~0.1 was slowed by them: rerun on a quiet machine; nan under --backend ray, "
-        "whose stage actors are other processes)."
+        "comes would hear after its first audio (bench/playback.py). x HF: TTFA transformers "
+        "p50 / ours p50, req/s ours / transformers (> 1 = ours better). other CPU: cores other "
+        "processes took meanwhile (a row with more than ~0.1 was slowed by them: rerun on a "
+        "quiet machine; nan under --backend ray, whose stage actors are other processes)."
     )
     hf_ttfa = pct([r["ttfa"] for r in hf], 50)
     hf_rps = 1 / statistics.mean(r["e2e"] for r in hf)
@@ -216,11 +216,10 @@ def concurrency_section(model_dir: str, args) -> None:
         )
 
     def silences(rows: list[dict]) -> tuple[str, str]:
-        if "stall_s" not in rows[0]:
+        gaps = gap_summary(rows)
+        if gaps is None:
             return "-", "-"
-        stalls = [r["stall_s"] for r in rows]
-        heard = sum(s > 0 for s in stalls)
-        return f"{pct(stalls, 50):.2f} / {pct(stalls, 99):.2f}", f"{heard}/{len(rows)}"
+        return f"{gaps[0]:.2f} / {gaps[1]:.2f}", f"{gaps[2]}/{len(rows)}"
 
     rows = [row("HF 1-by-1", "-", hf, hf_rps, "-", hf_run["others"])]
     for stream_audio in (False, True):

@@ -9,6 +9,8 @@ is a snapshot whose audio is longer than the last one's."""
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class Playback:
     """One request's playback, fed every snapshot's audio length in order of arrival."""
@@ -33,3 +35,13 @@ class Playback:
             self.runs_out_at = now + seconds
         else:
             self.runs_out_at += seconds
+
+
+def gap_summary(rows: list[dict]) -> tuple[float, float, int] | None:
+    """The level's gaps from its request rows' "stall_s": (p50 s, p99 s, requests with any);
+    None for rows without it (transformers' whole answers)."""
+    if not rows or "stall_s" not in rows[0]:
+        return None
+    stalls = [r["stall_s"] for r in rows]
+    p50, p99 = (float(np.percentile(stalls, q)) for q in (50, 99))
+    return p50, p99, sum(s > 0 for s in stalls)

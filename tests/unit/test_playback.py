@@ -15,6 +15,7 @@ assert _spec is not None and _spec.loader is not None
 _module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_module)
 Playback = _module.Playback
+gap_summary = _module.gap_summary
 
 
 def test_chunks_ahead_of_playback_play_without_a_gap():
@@ -42,3 +43,10 @@ def test_snapshots_without_new_audio_change_nothing():
     play.arrived(1.0, 50, 100)
     play.arrived(3.0, 50, 100)  # the same audio again (a text snapshot, the final result)
     assert (play.stall_s, play.num_stalls, play.runs_out_at) == (0.0, 0, 1.5)
+
+
+def test_a_level_summary_counts_the_requests_that_heard_a_gap():
+    rows = [{"stall_s": 0.0}, {"stall_s": 0.2}, {"stall_s": 0.0}, {"stall_s": 0.4}]
+    p50, p99, heard = gap_summary(rows)
+    assert (p50, heard) == (pytest.approx(0.1), 2) and p99 == pytest.approx(0.394)
+    assert gap_summary([{"e2e": 1.0}]) is None  # transformers' rows: whole answers
